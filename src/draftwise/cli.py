@@ -1,0 +1,66 @@
+"""The ``draftwise`` command line: the only place that prints.
+
+Each subcommand lives in its own module exposing ``register(subparsers)``, which adds a parser
+whose ``func(args) -> int`` runs the command. A :class:`DraftwiseError` becomes one line on
+stderr and exit status 2; Ctrl-C exits with 130 after the command has shown what it has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Sequence
+
+from draftwise.errors import DraftwiseError
+
+# Subcommand modules, in the order `draftwise --help` lists them.
+COMMAND_MODULES = (
+    "draftwise.commands.generate",
+    "draftwise.commands.policies",
+    "draftwise.sim.cli",
+    "draftwise.zoo.cli",
+    "draftwise.bench.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="draftwise",
+        description="Lossless speculative decoding with a pool of drafters chosen online "
+        "(MetaSD, BanditSpec, HedgeSpec, TapOut). Run 'draftwise COMMAND --help' for a command's options.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:  # a real missing dependency, not an absent command
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except DraftwiseError as exc:
+        print(f"draftwise {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
