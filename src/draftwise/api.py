@@ -1,0 +1,185 @@
+"""The public face: ``Generator.from_pretrained(...).generate(...)``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from draftwise.drafters import Drafter, build_drafters
+from draftwise.engine import Arm, Engine, QuerySettings
+from draftwise.errors import DraftwiseError
+from draftwise.models import CachedLM, LoadOptions, context_limit, load_causal_lm
+from draftwise.policies import make_policy
+from draftwise.trace import GenerationResult, summarize
+from draftwise.verify import Sampling
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POLICY = "ucb"
+DEFAULT_DRAFT_LEN = 4  # draft tokens per round; verifying 5 tokens costs ≈ 1.6–2× one on CPU
+
+
+class Generator:
+    """A target model, a pool of drafters and a policy choosing among them each round."""
+
+    def __init__(
+        self,
+        target: Any,
+        tokenizer: Any | None,
+        drafters: Sequence[Drafter] = (),
+        *,
+        policy: str = DEFAULT_POLICY,
+        draft_len: int = DEFAULT_DRAFT_LEN,
+        seed: int = 0,
+        chat: bool | None = None,
+    ) -> None:
+        if draft_len < 1:
+            raise DraftwiseError(f"draft_len must be ≥ 1, got {draft_len}")
+        self.model = target
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.chat = chat
+        self.target = CachedLM(target)
+        self.drafters = list(drafters)
+        self.arms = [Arm(d.name, i, draft_len) for i, d in enumerate(self.drafters)] or [Arm("none", None, 0)]
+        self.policy_spec = policy if self.drafters else "fixed:none"
+        self.policy = make_policy(self.policy_spec, [a.name for a in self.arms], np.random.default_rng(seed))
+        self.engine = Engine(self.target, self.drafters, self.arms, self.policy)
+        self.max_context = context_limit(target)
+        self.eos_ids = _eos_ids(target, tokenizer)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        target: str,
+        drafters: Sequence[str] = (),
+        policy: str = DEFAULT_POLICY,
+        *,
+        draft_len: int = DEFAULT_DRAFT_LEN,
+        device: str = "cpu",
+        dtype: str = "float32",
+        seed: int = 0,
+        chat: bool | None = None,
+    ) -> "Generator":
+        """Load the target (path, hub id or ``zoo:target``) and the drafters named by ``drafters``.
+
+        Drafter specs: a model path or hub id, ``zoo:NAME``, ``zoo:all``, ``pld``, ``suffix``,
+        with options such as ``pld:max_ngram=4``.
+        """
+        options = LoadOptions(device=device, dtype=dtype)
+        model, tokenizer = load_causal_lm(target, options)
+        pool = build_drafters(drafters, model, tokenizer, options)
+        return cls(model, tokenizer, pool, policy=policy, draft_len=draft_len, seed=seed, chat=chat)
+
+    # ------------------------------------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of a prompt (text through the tokenizer, and its chat template when asked)."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise DraftwiseError("the prompt is empty")
+            if self.tokenizer is None:
+                raise DraftwiseError("this target has no tokenizer: pass token ids instead of text")
+            use_chat = self.chat if self.chat is not None else bool(getattr(self.tokenizer, "chat_template", None))
+            if use_chat:
+                ids = self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+                ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+                return [int(i) for i in ids]
+            return [int(i) for i in self.tokenizer(prompt, add_special_tokens=True)["input_ids"]]
+        ids = [int(i) for i in prompt]
+        if not ids:
+            raise DraftwiseError("the prompt is empty")
+        if self.target.vocab_size and max(ids) >= self.target.vocab_size or min(ids) < 0:
+            raise DraftwiseError(f"prompt token ids must lie in [0, {self.target.vocab_size})")
+        return ids
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+        truncate: bool = False,
+    ) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens; greedy when ``temperature`` is 0.
+
+        ``truncate`` keeps only the last tokens of a prompt too long for the target's context.
+        """
+        sampling = _check_sampling(max_new_tokens, temperature, top_k, top_p)
+        ids = self._fit_context(self.encode(prompt), max_new_tokens, truncate)
+        if stop and self.tokenizer is None:
+            raise DraftwiseError("stop strings need a tokenizer")
+        seed = self.seed if seed is None else seed
+        generator = torch.Generator(device=self.target.device).manual_seed(seed)
+        self.policy.rng = np.random.default_rng(seed)
+        settings = QuerySettings(
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            eos_ids=frozenset() if ignore_eos else self.eos_ids,
+            stop_check=self._stop_checker(list(stop)) if stop else None,
+        )
+        outcome = self.engine.run(ids, settings, generator)
+        new_ids = outcome.tokens[len(ids):]
+        text = self.tokenizer.decode(new_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+        stats = summarize(outcome.records, len(new_ids), outcome.wall_s, outcome.stopped_by)
+        return GenerationResult(new_ids, text, stats, outcome.records, prompt_ids=ids, seed=seed)
+
+    def _fit_context(self, ids: list[int], max_new_tokens: int, truncate: bool) -> list[int]:
+        limit = self.max_context
+        if limit is None or len(ids) + max_new_tokens <= limit:
+            return ids
+        room = limit - max_new_tokens
+        if not truncate or room < 1:
+            raise DraftwiseError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's context "
+                f"of {limit} tokens; shorten the prompt, lower max_new_tokens, or truncate the prompt "
+                "(--truncate / truncate=True keeps its last tokens)"
+            )
+        log.warning("prompt truncated from %d to its last %d tokens", len(ids), room)
+        return ids[-room:]
+
+    def _stop_checker(self, stops: list[str]):
+        tokenizer = self.tokenizer
+        longest = max(len(s) for s in stops)
+
+        def check(generated: list[int]) -> int | None:
+            # Look only at a tail long enough to hold any stop string (each token ≥ 1 character).
+            tail_start = max(0, len(generated) - longest - 8)
+            if not any(s in tokenizer.decode(generated[tail_start:]) for s in stops):
+                return None
+            for keep in range(tail_start + 1, len(generated) + 1):  # the first token completing one
+                if any(s in tokenizer.decode(generated[tail_start:keep]) for s in stops):
+                    return keep
+            return None
+
+        return check
+
+
+def _check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> Sampling:
+    if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise DraftwiseError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if temperature < 0:
+        raise DraftwiseError(f"temperature must be ≥ 0 (0 = greedy), got {temperature}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise DraftwiseError(f"top_p must lie in (0, 1], got {top_p}")
+    if top_k is not None and top_k < 1:
+        raise DraftwiseError(f"top_k must be ≥ 1, got {top_k}")
+    return Sampling(temperature=float(temperature), top_k=top_k, top_p=top_p)
+
+
+def _eos_ids(model: Any, tokenizer: Any | None) -> frozenset[int]:
+    """End-of-sequence ids as transformers' ``generate`` sees them: generation config first."""
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            return frozenset({value})
+        if isinstance(value, (list, tuple)) and value:
+            return frozenset(int(v) for v in value)
+    return frozenset()

@@ -1,0 +1,93 @@
+"""Drafters and how a spec string becomes one.
+
+Specs: ``pld``, ``pld:max_ngram=4``, ``suffix``, ``suffix:factor=2``, a model path or hub id
+(an :class:`LMDrafter`), ``zoo:NAME`` or ``zoo:all`` (the embedded zoo's drafters),
+``lm:model=PATH,name=NAME``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
+from draftwise.drafters.lm import LMDrafter, StopRule
+from draftwise.drafters.prompt_lookup import PromptLookupDrafter
+from draftwise.drafters.suffix import SuffixDrafter
+from draftwise.errors import DraftwiseError
+from draftwise.models import LoadOptions, load_causal_lm
+from draftwise.options import keyword_defaults, split_spec, typed_options
+
+__all__ = ["DRAFTERS", "Draft", "DraftContext", "Drafter", "LMDrafter", "PromptLookupDrafter",
+           "StopRule", "SuffixDrafter", "build_drafters", "drafter_kinds"]
+
+
+def drafter_kinds() -> list[str]:
+    return ["pld", "suffix", "lm", "zoo:NAME", "zoo:all", "a model path or hub id"]
+
+
+def expand_specs(specs: Sequence[str]) -> list[str]:
+    """Expand ``zoo:all`` into every zoo drafter."""
+    out: list[str] = []
+    for spec in specs:
+        if spec == "zoo:all":
+            from draftwise.zoo import zoo_drafter_names
+
+            out.extend(f"zoo:{name}" for name in zoo_drafter_names())
+        else:
+            out.append(spec)
+    return out
+
+
+def build_drafters(specs: Sequence[str], target: Any, target_tokenizer: Any, options: LoadOptions) -> list[Drafter]:
+    """Build the drafter pool from spec strings; names are made unique."""
+    drafters = [_build_one(spec, target, target_tokenizer, options) for spec in expand_specs(specs)]
+    seen: dict[str, int] = {}
+    for drafter in drafters:
+        count = seen.get(drafter.name, 0)
+        seen[drafter.name] = count + 1
+        if count:
+            drafter.name = f"{drafter.name}#{count + 1}"
+    return drafters
+
+
+def _build_one(spec: str, target: Any, target_tokenizer: Any, options: LoadOptions) -> Drafter:
+    if not spec.strip():
+        raise DraftwiseError("empty drafter spec; valid: " + ", ".join(drafter_kinds()))
+    head = spec.split(":", 1)[0]
+    if head in DRAFTERS and head != "lm":
+        name, raw = split_spec(spec)
+        factory = DRAFTERS.get(name)
+        return factory(**typed_options(f"drafter {name!r}", raw, keyword_defaults(factory)))
+    if head == "lm":
+        _, raw = split_spec(spec)
+        if "model" not in raw:
+            raise DraftwiseError(f"drafter {spec!r}: lm needs model=PATH")
+        model_path, name = raw.pop("model"), raw.pop("name", "")
+        if raw:
+            raise DraftwiseError(f"unknown option(s) {', '.join(raw)} for drafter 'lm'; valid: model, name")
+        return _load_lm_drafter(model_path, name, target, target_tokenizer, options)
+    return _load_lm_drafter(spec, "", target, target_tokenizer, options)
+
+
+def _load_lm_drafter(path: str, name: str, target: Any, target_tokenizer: Any, options: LoadOptions) -> LMDrafter:
+    model, tokenizer = load_causal_lm(path, options)
+    check_same_vocabulary(path, model, tokenizer, target, target_tokenizer)
+    default_name = path.split(":", 1)[1] if path.startswith("zoo:") else os.path.basename(os.path.normpath(path))
+    return LMDrafter(model, name=name or default_name, source=path)
+
+
+def check_same_vocabulary(path: str, model: Any, tokenizer: Any, target: Any, target_tokenizer: Any) -> None:
+    """A drafter must speak the target's vocabulary: same output size, same tokenizer when both have one."""
+    size = int(model.get_output_embeddings().weight.shape[0])
+    target_size = int(target.get_output_embeddings().weight.shape[0])
+    if size != target_size:
+        raise DraftwiseError(
+            f"drafter {path!r} has a vocabulary of {size} tokens but the target has {target_size}; "
+            "a drafter must share the target's tokenizer and vocabulary"
+        )
+    if tokenizer is not None and target_tokenizer is not None and tokenizer.get_vocab() != target_tokenizer.get_vocab():
+        raise DraftwiseError(
+            f"drafter {path!r} uses a different tokenizer ({len(tokenizer)} tokens) from the target's "
+            f"({len(target_tokenizer)} tokens); a drafter must share the target's tokenizer"
+        )

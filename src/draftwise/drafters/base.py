@@ -1,0 +1,57 @@
+"""The drafter contract and its registry.
+
+A drafter proposes draft tokens for a context; LM drafters also return their proposal
+distribution per position (for lossless sampling and the 1 − TV acceptance probabilities),
+deterministic drafters return ``probs=None`` (a point mass at each proposed token).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from draftwise.registry import Registry
+from draftwise.verify import Sampling
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    probs: torch.Tensor | None = None  # (len(tokens), V) warped proposal distribution; None = point mass
+
+
+@dataclass
+class DraftContext:
+    """What a drafter may use besides the token context: sampling settings and the query's RNG."""
+
+    sampling: Sampling = field(default_factory=Sampling)
+    generator: torch.Generator | None = None
+    eos_ids: frozenset[int] = frozenset()
+
+
+class Drafter(ABC):
+    """Proposes draft tokens. Implementations keep whatever incremental state they need."""
+
+    name: str = "drafter"
+    point_mass: bool = True  # True when ``Draft.probs`` is always None
+
+    def begin_query(self, prompt: Sequence[int]) -> None:
+        """A new query starts with this prompt."""
+
+    def end_query(self, tokens: Sequence[int], prompt_len: int) -> None:
+        """The query finished with these tokens (prompt + response)."""
+
+    @abstractmethod
+    def propose(self, context: Sequence[int], max_len: int, ctx: DraftContext) -> Draft:
+        """Up to ``max_len`` draft tokens continuing ``context`` (the verified tokens)."""
+
+    def describe(self) -> dict[str, Any]:
+        """Name, kind and options, for result files."""
+        return {"name": self.name, "kind": type(self).__name__}
+
+
+DrafterFactory = Callable[..., Drafter]
+DRAFTERS: Registry[DrafterFactory] = Registry("drafter kind")

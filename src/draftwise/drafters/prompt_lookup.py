@@ -1,0 +1,81 @@
+"""Prompt lookup decoding (PLD): propose what followed the last n-gram the last time it occurred."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
+
+
+class NgramIndex:
+    """For each n ≤ max_ngram, the latest position where each n-gram ended (incremental).
+
+    Only n-grams ending strictly before the last token are indexed, so a lookup of the current
+    suffix finds its latest *earlier* occurrence, which has a continuation.
+
+    >>> index = NgramIndex(max_ngram=2)
+    >>> index.lookup([5, 6, 7, 5, 6])  # "5 6" occurred before, followed by 7, 5, 6
+    2
+    """
+
+    def __init__(self, max_ngram: int) -> None:
+        self.max_ngram = max_ngram
+        self.reset()
+
+    def reset(self) -> None:
+        self.tables: list[dict[tuple[int, ...], int]] = [{} for _ in range(self.max_ngram + 1)]
+        self.indexed = 0  # n-grams ending at positions < indexed are in the tables
+        self.anchor: list[int] = []  # the first tokens of the sequence we index (to detect a new one)
+
+    def _sync(self, tokens: Sequence[int]) -> None:
+        if len(tokens) < self.indexed or list(tokens[: len(self.anchor)]) != self.anchor:
+            self.reset()
+        if not self.anchor:
+            self.anchor = list(tokens[:16])
+        for end in range(max(self.indexed, 1), len(tokens)):
+            for n in range(1, min(self.max_ngram, end) + 1):
+                self.tables[n][tuple(tokens[end - n : end])] = end
+        self.indexed = max(self.indexed, len(tokens))
+
+    def lookup(self, tokens: Sequence[int]) -> int | None:
+        """Start of the continuation of the longest matching suffix n-gram, or None."""
+        self._sync(tokens)
+        for n in range(min(self.max_ngram, len(tokens)), 0, -1):
+            start = self.tables[n].get(tuple(tokens[-n:]))
+            if start is not None:
+                return start
+        return None
+
+
+@DRAFTERS.register("pld")
+class PromptLookupDrafter(Drafter):
+    """Longest n-gram match (max_ngram down to 1) of the last tokens within prompt + generated text."""
+
+    def __init__(self, *, max_ngram: int = 3, name: str = "pld") -> None:
+        if max_ngram < 1:
+            from draftwise.errors import DraftwiseError
+
+            raise DraftwiseError(f"pld: max_ngram must be ≥ 1, got {max_ngram}")
+        self.name = name
+        self.max_ngram = max_ngram
+        self.index = NgramIndex(max_ngram)
+
+    def begin_query(self, prompt: Sequence[int]) -> None:
+        self.index.reset()
+
+    def propose(self, context: Sequence[int], max_len: int, ctx: DraftContext) -> Draft:
+        start = self.index.lookup(context) if max_len > 0 else None
+        if start is None:
+            return Draft([])
+        return Draft(_cut_at_eos(list(context[start : start + max_len]), ctx.eos_ids))
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "max_ngram": self.max_ngram}
+
+
+def _cut_at_eos(tokens: list[int], eos_ids: frozenset[int]) -> list[int]:
+    """Drafting past an end-of-sequence token is wasted work: keep tokens up to the first EOS."""
+    for i, token in enumerate(tokens):
+        if token in eos_ids:
+            return tokens[: i + 1]
+    return tokens

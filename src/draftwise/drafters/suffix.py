@@ -1,0 +1,160 @@
+"""SuffixDecoding-style drafter: a depth-bounded suffix trie with continuation counts.
+
+Every suffix (up to ``depth`` tokens) of the token stream is a path in the trie; a node's count is
+how often that substring occurred. The trie grows incrementally: each new token extends the
+``depth`` most recent suffixes by one node (no rebuild per token). To draft, find the longest
+suffix of the context that occurred earlier with a continuation, then follow the most frequent
+child while its estimated probability stays above ``min_prob``, for at most
+``factor × match length`` tokens. A bounded global store of earlier responses gives matches
+across queries.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Sequence
+
+from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
+from draftwise.errors import DraftwiseError
+
+
+class TrieNode:
+    __slots__ = ("children", "count")
+
+    def __init__(self) -> None:
+        self.children: dict[int, TrieNode] = {}
+        self.count = 0
+
+
+class SuffixTrie:
+    """Depth-bounded suffix trie over one token stream, extended one token at a time."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.root = TrieNode()
+        self.active: list[TrieNode] = []  # nodes of the stream's current suffixes, shortest first
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            grown = [self.root, *self.active[: self.depth - 1]]
+            self.active = [_child(node, token) for node in grown]
+
+    def add_sequence(self, tokens: Sequence[int]) -> None:
+        """Insert a separate sequence (its suffixes do not join the current stream)."""
+        saved, self.active = self.active, []
+        self.extend(tokens)
+        self.active = saved
+
+    def match(self, context: Sequence[int], max_match: int) -> tuple[TrieNode | None, int]:
+        """Deepest node for a suffix of ``context`` that has a continuation, and its length."""
+        best: TrieNode | None = None
+        best_len = 0
+        # A suffix with a continuation implies every shorter suffix has one: stop at the first miss.
+        for length in range(1, min(max_match, len(context)) + 1):
+            node = self._walk(context[len(context) - length :])
+            if node is None or not node.children:
+                break
+            best, best_len = node, length
+        return best, best_len
+
+    def _walk(self, path: Sequence[int]) -> TrieNode | None:
+        node = self.root
+        for token in path:
+            node = node.children.get(token)
+            if node is None:
+                return None
+        return node
+
+
+def _child(node: TrieNode, token: int) -> TrieNode:
+    child = node.children.get(token)
+    if child is None:
+        child = node.children[token] = TrieNode()
+    child.count += 1
+    return child
+
+
+def greedy_continuation(node: TrieNode, max_len: int, min_prob: float) -> list[int]:
+    """Follow the most frequent child while the path's estimated probability ≥ min_prob."""
+    tokens: list[int] = []
+    prob = 1.0
+    while len(tokens) < max_len and node.children:
+        token, child = max(node.children.items(), key=lambda item: item[1].count)
+        total = sum(c.count for c in node.children.values())
+        prob *= child.count / total
+        if prob < min_prob:
+            break
+        tokens.append(token)
+        node = child
+    return tokens
+
+
+@DRAFTERS.register("suffix")
+class SuffixDrafter(Drafter):
+    """Suffix-trie drafter over prompt + generated tokens, plus a global store of earlier responses."""
+
+    def __init__(
+        self,
+        *,
+        depth: int = 24,
+        factor: float = 1.0,
+        min_prob: float = 0.1,
+        store_tokens: int = 100_000,
+        name: str = "suffix",
+    ) -> None:
+        if depth < 2 or factor <= 0 or not 0 <= min_prob <= 1 or store_tokens < 0:
+            raise DraftwiseError(
+                "suffix: need depth ≥ 2, factor > 0, 0 ≤ min_prob ≤ 1, store_tokens ≥ 0 "
+                f"(got depth={depth}, factor={factor}, min_prob={min_prob}, store_tokens={store_tokens})"
+            )
+        self.name = name
+        self.depth, self.factor, self.min_prob, self.store_tokens = depth, factor, min_prob, store_tokens
+        self.store: deque[list[int]] = deque()  # earlier responses, oldest first
+        self.global_trie = SuffixTrie(depth)
+        self.local = SuffixTrie(depth)
+        self.seen = 0
+
+    def begin_query(self, prompt: Sequence[int]) -> None:
+        self.local = SuffixTrie(self.depth)
+        self.seen = 0
+
+    def end_query(self, tokens: Sequence[int], prompt_len: int) -> None:
+        response = list(tokens[prompt_len:])
+        if not self.store_tokens or not response:
+            return
+        self.store.append(response[: self.store_tokens])
+        stored = sum(map(len, self.store))
+        if stored <= self.store_tokens:
+            self.global_trie.add_sequence(self.store[-1])
+            return
+        while stored > self.store_tokens:  # evict the oldest responses, then rebuild once
+            stored -= len(self.store.popleft())
+        self.global_trie = SuffixTrie(self.depth)
+        for response in self.store:
+            self.global_trie.add_sequence(response)
+
+    def propose(self, context: Sequence[int], max_len: int, ctx: DraftContext) -> Draft:
+        if len(context) < self.seen:  # a context we have not followed: start over
+            self.begin_query(context)
+        self.local.extend(context[self.seen :])
+        self.seen = len(context)
+        if max_len <= 0:
+            return Draft([])
+        best: tuple[TrieNode | None, int] = (None, 0)
+        for trie in (self.local, self.global_trie):
+            node, length = trie.match(context, self.depth - 1)
+            if length > best[1]:
+                best = (node, length)
+        node, length = best
+        if node is None:
+            return Draft([])
+        limit = min(max_len, max(1, int(self.factor * length)))
+        tokens = greedy_continuation(node, limit, self.min_prob)
+        for i, token in enumerate(tokens):
+            if token in ctx.eos_ids:
+                return Draft(tokens[: i + 1])
+        return Draft(tokens)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "depth": self.depth, "factor": self.factor,
+                "min_prob": self.min_prob, "store_tokens": self.store_tokens}

@@ -1,0 +1,156 @@
+"""Loading Hugging Face causal LMs, and a KV cache that follows a token sequence.
+
+:class:`CachedLM` is the one place where caches are kept, cut back and caught up: given the
+token sequence it should have seen, it keeps the longest common prefix already cached, crops the
+rest (rejected draft tokens) and feeds only the tokens it has not seen (a drafter's catch-up
+after idle rounds, MetaSD's switching cost). Accepted tokens are never recomputed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from draftwise.errors import DraftwiseError
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    def torch_dtype(self) -> torch.dtype:
+        try:
+            return DTYPES[self.dtype]
+        except KeyError:
+            raise DraftwiseError(f"unknown dtype {self.dtype!r}; valid: {', '.join(DTYPES)}") from None
+
+
+def resolve_model_path(name: str) -> str:
+    """Map ``zoo:NAME`` to the embedded zoo's directory; anything else is a local path or hub id."""
+    if name.startswith("zoo:"):
+        from draftwise.zoo import resolve_zoo_name  # the zoo is optional until it is built
+
+        return str(resolve_zoo_name(name))
+    return name
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def _check_location(name: str, path: str) -> None:
+    """A path that is not a directory is an error unless it could be a hub id (``org/model``)."""
+    if os.path.isdir(path):
+        return
+    if os.path.exists(path):
+        raise DraftwiseError(f"model path {name!r} is not a directory (expected a Hugging Face checkpoint folder)")
+    if not _HUB_ID.fullmatch(path):
+        raise DraftwiseError(f"model path {name!r} does not exist")
+
+
+def load_causal_lm(name: str, options: LoadOptions) -> tuple[Any, Any | None]:
+    """Load ``AutoModelForCausalLM`` and (when it has one) its tokenizer from a path or hub id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = os.path.expanduser(resolve_model_path(name))
+    _check_location(name, path)
+    dtype = options.torch_dtype()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        where = "" if os.path.isdir(path) else " (not a local directory, and the hub is unreachable or has no such model)"
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DraftwiseError(f"cannot load model {name!r}{where}: {first}") from None
+    try:
+        model.to(options.device)
+    except (RuntimeError, AssertionError) as exc:
+        raise DraftwiseError(f"cannot move model {name!r} to device {options.device!r}: {exc}") from None
+    model.eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None
+        log.info("model %s has no tokenizer; token ids only", name)
+    return model, tokenizer
+
+
+def context_limit(model: Any) -> int | None:
+    """The longest sequence the model's positions allow (None when unbounded or unknown)."""
+    config = model.config
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences.
+
+    >>> common_prefix_len([1, 2, 3, 4], [1, 2, 9])
+    2
+    """
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case: one extends the other (a C-speed comparison)
+        return n
+    lo, hi = 0, n  # invariant: a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class CachedLM:
+    """A causal LM whose KV cache follows a token sequence (batch size 1)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.calls = 0
+        self.reset()
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        self.tokens: list[int] = []  # the tokens whose keys and values are in the cache
+
+    @torch.inference_mode()
+    def logits(self, tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
+        """Float32 logits (n_out, V) predicting the tokens after each of the last ``n_out`` positions.
+
+        Syncs the cache to ``tokens``: keeps the common prefix, crops the rest, feeds the unseen
+        tokens (at least ``n_out`` of them, so their logits exist).
+        """
+        keep = min(common_prefix_len(self.tokens, tokens), len(tokens) - n_out)
+        if keep < len(self.tokens):
+            self.cache.crop(keep - len(self.tokens))
+        fresh = list(tokens[keep:])
+        self.tokens = list(tokens)
+        return self._forward(fresh, n_out)
+
+    @torch.inference_mode()
+    def extend(self, new_tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
+        """Like :meth:`logits` for ``self.tokens + new_tokens`` when the cache is known to be in sync."""
+        self.tokens.extend(new_tokens)
+        return self._forward(list(new_tokens), n_out)
+
+    def _forward(self, fresh: list[int], n_out: int) -> torch.Tensor:
+        ids = torch.tensor([fresh], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=n_out)
+        self.calls += 1
+        return out.logits[0, -n_out:].float()

@@ -1,0 +1,81 @@
+"""Tiny real Hugging Face models (Llama and GPT-2), built from configs and saved to disk once per
+session, then loaded through the same path as any checkpoint."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+# Tiny models gain nothing from intra-op threads, and threads thrash when the CPU is shared.
+torch.set_num_threads(1)
+
+WORDS = ("the a cat dog sat on mat ran far and then stop it is was big small red blue one two three "
+         "def return print if else for in x y z = ( ) : + - * / 0 1 2 3 4 5 6 7 8 9 . , ? !").split()
+EOS = "</s>"
+
+
+def build_tokenizer():
+    """A word-level tokenizer over a fixed vocabulary, saved like any HF fast tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate([EOS, "<unk>", *WORDS])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS, unk_token="<unk>", pad_token=EOS)
+
+
+def _perturbed(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
+    """A copy of ``model`` with noise on every weight: a drafter that agrees with it often, not always."""
+    twin = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale * p.std().clamp(min=1e-3))
+    return twin
+
+
+def build_models(root: Path) -> dict[str, Path]:
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_tokenizer()
+    vocab = len(tokenizer)
+    paths: dict[str, Path] = {}
+
+    def save(name: str, model: torch.nn.Module) -> None:
+        path = root / name
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = tokenizer.eos_token_id
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        paths[name] = path
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=vocab, eos_token_id=0, bos_token_id=None, pad_token_id=0)
+    llama = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                 max_position_embeddings=256, initializer_range=0.2, **common)
+    target = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, **llama)).eval()
+    save("llama-target", target)
+    save("llama-twin", _perturbed(target, 0.0, 1))  # identical to the target: everything accepted
+    save("llama-near", _perturbed(target, 0.3, 2))  # mostly agrees
+    save("llama-small", LlamaForCausalLM(LlamaConfig(num_hidden_layers=1, **llama)).eval())  # unrelated
+    gpt = dict(n_embd=32, n_head=4, n_positions=256, initializer_range=0.2, **common)
+    gpt_target = GPT2LMHeadModel(GPT2Config(n_layer=2, **gpt)).eval()
+    save("gpt2-target", gpt_target)
+    save("gpt2-near", _perturbed(gpt_target, 0.3, 3))
+    other = dict(llama, vocab_size=vocab + 7)
+    save("llama-othervocab", LlamaForCausalLM(LlamaConfig(num_hidden_layers=1, **other)).eval())
+    return paths
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return build_models(tmp_path_factory.mktemp("tiny-models"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return build_tokenizer()
