@@ -3,7 +3,16 @@
 Importing this package registers every built-in policy.
 """
 
-from draftwise.policies import simple, ucb  # noqa: F401  (registration side effects)
+from draftwise.policies import (  # noqa: F401  (registration side effects)
+    exp3,
+    greedy,
+    halving,
+    hedge,
+    simple,
+    thompson,
+    ucb,
+    ucb_family,
+)
 from draftwise.policies.base import POLICIES, Policy, make_policy, policy_options, register_policy
 
 __all__ = ["POLICIES", "Policy", "make_policy", "policy_options", "register_policy"]

@@ -15,6 +15,7 @@ Every random choice goes through the injected ``numpy.random.Generator``.
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Sequence
 
@@ -33,7 +34,17 @@ class Policy(ABC):
     summary: ClassVar[str] = ""  # one line for `draftwise policies`
     full_information: ClassVar[bool] = False  # ask the engine for every arm's feedback each round
 
-    def __init__(self, arms: Sequence[str], rng: np.random.Generator, *, reward: str = "bd") -> None:
+    def __init__(
+        self,
+        arms: Sequence[str],
+        rng: np.random.Generator,
+        *,
+        reward: str = "bd",
+        keep: bool = False,
+        decay: float = 1.0,
+        prior: str = "",
+        prior_weight: float = 1.0,
+    ) -> None:
         if not arms:
             raise DraftwiseError("a policy needs at least one arm")
         self.arms = list(arms)
@@ -41,16 +52,63 @@ class Policy(ABC):
         self.rng = rng
         self.reward = reward
         self._signal = signal(reward)
+        # Across queries (issue 3, point 4): reset per query (the papers' default) or keep the
+        # learned statistics, shrunk by ``decay`` at each new query so old evidence fades.
+        if not 0.0 <= decay <= 1.0:
+            raise DraftwiseError(f"decay must be in [0, 1], got {decay}")
+        if prior_weight < 0:
+            raise DraftwiseError(f"prior_weight must be >= 0, got {prior_weight}")
+        self.keep = keep
+        self.decay = decay
+        self.prior_weight = prior_weight
+        self.prior = parse_prior(prior, self.arms) if prior else None
+        self.queries = 0
         self.reset()
+        self._apply_prior()
 
     # -- lifecycle -------------------------------------------------------------------------
     def begin_query(self) -> None:
-        """Called before each query. The papers re-initialise learners per query."""
-        self.reset()
+        """Called before each query: reset (default), or keep the state shrunk by ``decay``."""
+        if self.keep and self.queries > 0:
+            self.decay_state(self.decay)
+        else:
+            self.reset()
+            self._apply_prior()
+        self.start_query()
+        self.queries += 1
 
     @abstractmethod
     def reset(self) -> None:
         """Forget everything learned."""
+
+    def start_query(self) -> None:
+        """Reset what never outlives a query (e.g. a queue of delayed feedback). Default: nothing."""
+
+    # Names of the attributes holding accumulated evidence (counts, sums, cumulative losses).
+    # ``decay_state`` multiplies them; a learner with other state overrides it.
+    decayed: ClassVar[tuple[str, ...]] = ()
+
+    def decay_state(self, factor: float) -> None:
+        """Shrink the accumulated evidence by ``factor`` (1 keeps everything, 0 forgets it)."""
+        for name in self.decayed:
+            setattr(self, name, getattr(self, name) * factor)
+
+    def set_prior(self, means: Sequence[float], weight: float | None = None) -> None:
+        """Warm start: one initial mean reward (or weight, for full-information learners) per arm."""
+        if len(means) != self.n_arms:
+            raise DraftwiseError(f"prior: expected {self.n_arms} values (one per arm), got {len(means)}")
+        self.prior = np.asarray(means, dtype=float)
+        if weight is not None:
+            self.prior_weight = weight
+        self._apply_prior()
+
+    def _apply_prior(self) -> None:
+        if self.prior is not None:
+            self.warm_start(self.prior, self.prior_weight)
+
+    def warm_start(self, means: np.ndarray, weight: float) -> None:
+        """Start from ``means`` worth ``weight`` pseudo-observations per arm."""
+        raise DraftwiseError(f"{type(self).__name__} has no warm-start prior")
 
     # -- decisions and feedback ------------------------------------------------------------
     @abstractmethod
@@ -86,8 +144,57 @@ def register_policy(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
 
 
 def policy_options(name: str) -> dict[str, Any]:
-    """The options (with defaults) that ``name:key=value`` may set."""
-    return keyword_defaults(POLICIES.get(name), skip=("arms", "rng"))
+    """The options (with defaults) that ``name:key=value`` may set.
+
+    A policy class whose ``__init__`` forwards ``**options`` to its parent also accepts the
+    parent's options, up to those every learner has (``reward``, ``keep``, ``decay``, ``prior``,
+    ``prior_weight``; see :class:`Policy`).
+    """
+    factory = POLICIES.get(name)
+    if not isinstance(factory, type):
+        return keyword_defaults(factory, skip=("arms", "rng"))
+    # Walk up the class hierarchy while each ``__init__`` forwards ``**options`` to its parent;
+    # a subclass's default (e.g. ``reward="length"``) wins over its parent's.
+    options: dict[str, Any] = {}
+    for cls in factory.__mro__:
+        if "__init__" not in vars(cls):
+            continue
+        for key, value in keyword_defaults(cls.__init__, skip=("self", "arms", "rng")).items():
+            options.setdefault(key, value)
+        if cls is Policy or not _forwards_options(cls.__init__):
+            break
+    return options
+
+
+def _forwards_options(init: Callable[..., Any]) -> bool:
+    return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values())
+
+
+def parse_prior(text: str, arms: Sequence[str]) -> np.ndarray:
+    """Parse a warm-start prior: ``"0.9/0.5/0.2"`` (arm order) or ``"pld=0.9/lm=0.5"`` (by name).
+
+    Arms not named by a by-name prior get the mean of the named ones.
+
+    >>> parse_prior("b=0.8", ["a", "b"]).tolist()
+    [0.8, 0.8]
+    >>> parse_prior("0.1/0.2", ["a", "b"]).tolist()
+    [0.1, 0.2]
+    """
+    items = [item.strip() for item in text.split("/") if item.strip()]
+    try:
+        if all("=" in item for item in items):
+            named = {k.strip(): float(v) for k, v in (item.split("=", 1) for item in items)}
+            unknown = sorted(set(named) - set(arms))
+            if unknown:
+                raise DraftwiseError(f"prior names unknown arms {unknown}; arms are: {', '.join(arms)}")
+            fill = sum(named.values()) / len(named)
+            return np.array([named.get(arm, fill) for arm in arms])
+        values = [float(item) for item in items]
+    except ValueError:
+        raise DraftwiseError(f"bad prior {text!r}: expected numbers like 0.9/0.5 or name=0.9/name=0.5") from None
+    if len(values) != len(arms):
+        raise DraftwiseError(f"prior {text!r} has {len(values)} values for {len(arms)} arms")
+    return np.array(values)
 
 
 def make_policy(spec: str, arms: Sequence[str], rng: np.random.Generator) -> Policy:

@@ -1,46 +1,60 @@
-"""UCB1 with an exploration weight β (MetaSD-UCB, MetaSD Alg. 2)."""
+"""UCB1 with an exploration weight β (MetaSD-UCB, MetaSD Alg. 2), and the mean-reward base class.
+
+``ucb`` is MetaSD's configuration (β = 0.01 on the BD reward, MetaSD §F.4); ``ucb1`` is the
+textbook UCB1 of Auer et al. (2002) and TapOut §3.3: μ̂ + sqrt(2 ln t / n), i.e. β = 1 here, the
+familiar "c = √2" of μ̂ + c·sqrt(ln t / n).
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
 from draftwise.policies.base import Policy, register_policy
 
 
-def ucb_index(mean: np.ndarray, pulls: np.ndarray, t: int, beta: float) -> np.ndarray:
+def ucb_index(mean: np.ndarray, pulls: np.ndarray, t: float, beta: float) -> np.ndarray:
     """μ̂_i + β·sqrt(2 ln t / n_i); arms never pulled get +inf so each is tried once first.
 
     >>> ucb_index(np.array([0.5, 0.4]), np.array([1, 1]), 2, 0.0).tolist()
     [0.5, 0.4]
+    >>> ucb_index(np.array([0.5, 0.0]), np.array([1, 0]), 2, 1.0).tolist()[1]
+    inf
     """
     with np.errstate(divide="ignore", invalid="ignore"):
-        bonus = beta * np.sqrt(2.0 * math.log(max(t, 1)) / pulls)
+        bonus = beta * np.sqrt(2.0 * math.log(max(t, 1.0)) / pulls)
     return np.where(pulls > 0, mean + bonus, np.inf)
 
 
-@register_policy("ucb")
-class UCBPolicy(Policy):
-    """MetaSD-UCB: pull each arm once, then argmax of mean reward + β·sqrt(2 ln t / n_i)."""
+def argmax_random_tie(values: np.ndarray, rng: np.random.Generator) -> int:
+    """Index of the largest value; ties broken uniformly with ``rng`` (no draw when unique)."""
+    best = np.flatnonzero(values == values.max())
+    return int(best[0]) if len(best) == 1 else int(rng.choice(best))
 
-    summary = "MetaSD-UCB: UCB1 with exploration β (default 0.01) on the BD reward"
 
-    def __init__(self, arms: Sequence[str], rng: np.random.Generator, *, beta: float = 0.01, reward: str = "bd") -> None:
-        self.beta = beta
-        super().__init__(arms, rng, reward=reward)
+class MeanRewardPolicy(Policy):
+    """Shared state of learners that keep per-arm pull counts and reward sums.
+
+    Counts are floats so that ``decay`` (keep across queries) and warm-start pseudo-counts work.
+    """
+
+    decayed: ClassVar[tuple[str, ...]] = ("pulls", "sums", "t")
 
     def reset(self) -> None:
-        self.pulls = np.zeros(self.n_arms, dtype=np.int64)
+        self.pulls = np.zeros(self.n_arms)
         self.sums = np.zeros(self.n_arms)
-        self.t = 0
+        self.t = 0.0
 
-    def select(self) -> int:
-        mean = np.divide(self.sums, self.pulls, out=np.zeros(self.n_arms), where=self.pulls > 0)
-        index = ucb_index(mean, self.pulls, self.t, self.beta)
-        best = np.flatnonzero(index == index.max())
-        return int(best[0]) if len(best) == 1 else int(self.rng.choice(best))
+    def warm_start(self, means: np.ndarray, weight: float) -> None:
+        # ``weight`` pseudo-pulls per arm at the prior mean; with weight > 0 no arm counts as untried.
+        self.pulls = np.full(self.n_arms, float(weight))
+        self.sums = weight * np.asarray(means, dtype=float)
+        self.t = float(self.pulls.sum())
+
+    def means(self) -> np.ndarray:
+        return np.divide(self.sums, self.pulls, out=np.zeros(self.n_arms), where=self.pulls > 0)
 
     def observe(self, arm: int, reward: float) -> None:
         self.t += 1
@@ -48,5 +62,31 @@ class UCBPolicy(Policy):
         self.sums[arm] += reward
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "beta": self.beta, "t": self.t,
-                "pulls": self.pulls.tolist(), "sums": self.sums.tolist()}
+        return {**super().state_dict(), "t": self.t, "pulls": self.pulls.tolist(), "sums": self.sums.tolist()}
+
+
+@register_policy("ucb")
+class UCBPolicy(MeanRewardPolicy):
+    """MetaSD-UCB: pull each arm once, then argmax of mean reward + β·sqrt(2 ln t / n_i)."""
+
+    summary = "MetaSD-UCB (Alg. 2): UCB1 with exploration β (default 0.01) on the BD reward"
+
+    def __init__(self, arms: Sequence[str], rng: np.random.Generator, *, beta: float = 0.01, **common: Any) -> None:
+        self.beta = beta
+        super().__init__(arms, rng, **common)
+
+    def select(self) -> int:
+        return argmax_random_tie(ucb_index(self.means(), self.pulls, self.t, self.beta), self.rng)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "beta": self.beta}
+
+
+@register_policy("ucb1")
+class UCB1Policy(UCBPolicy):
+    """Textbook UCB1 (Auer et al. 2002; TapOut's sequence-level bandit): β = 1."""
+
+    summary = "UCB1 (Auer 2002, TapOut): mean + sqrt(2 ln t / n), i.e. the standard √2 constant"
+
+    def __init__(self, arms: Sequence[str], rng: np.random.Generator, *, beta: float = 1.0, **common: Any) -> None:
+        super().__init__(arms, rng, beta=beta, **common)
