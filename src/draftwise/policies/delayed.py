@@ -15,7 +15,7 @@ from typing import Iterator
 import numpy as np
 
 from draftwise.errors import DraftwiseError
-from draftwise.feedback import acceptance_loss, length_loss
+from draftwise.feedback import length_loss
 
 
 class DelayedFeedback:
@@ -83,14 +83,19 @@ class TokenGame:
             self._gammas = grown
         self._gammas[:, self.frontier : end] = gammas
         self.frontier = end
+        # positions whose loss is now computable: acceptance losses at once, length losses once
+        # their K-token window is verified
+        first = self.next_position
+        accept_until = self.frontier if self.kind == "accept" else min(self.switch, self.frontier) if self.kind == "hybrid" else 0
+        accept_until = max(accept_until, first)
+        length_until = max(self.frontier - self.depth + 1, accept_until) if self.kind != "accept" else accept_until
         out: list[np.ndarray] = []
-        while self.next_position < self.frontier:
-            t = self.next_position
-            if self.kind == "accept" or (self.kind == "hybrid" and t < self.switch):
-                out.append(acceptance_loss(self._gammas[:, t : t + 1]))
-            elif t + self.depth <= self.frontier:
-                out.append(length_loss(self._gammas[:, t : t + self.depth]))
-            else:
-                break  # not revealed yet: wait for later rounds
-            self.next_position += 1
+        if accept_until > first:
+            out.extend(1.0 - self._gammas[:, first:accept_until].T)
+        if length_until > accept_until:
+            windows = np.lib.stride_tricks.sliding_window_view(
+                self._gammas[:, accept_until : length_until + self.depth - 1], self.depth, axis=1
+            )  # (arms, positions, K)
+            out.extend(length_loss(windows).T)
+        self.next_position = length_until
         return out

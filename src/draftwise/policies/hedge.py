@@ -28,13 +28,16 @@ E = math.e
 
 
 # -- NormalHedge's scale c_t ------------------------------------------------------------------
-def normalhedge_scale(regrets: np.ndarray, prior: np.ndarray | None = None, rtol: float = 1e-12) -> float:
+def normalhedge_scale(
+    regrets: np.ndarray, prior: np.ndarray | None = None, start: float | None = None, rtol: float = 1e-12
+) -> float:
     """The c > 0 with Σ_i π_i exp([R_i]₊² / (2c)) = e (HedgeSpec Fig. 7, π uniform = the mean).
 
     Returns ``inf`` when no regret is positive: the left side is then 1 for every c, there is no
-    solution, and the caller falls back to the prior. Solved for u = 1/(2c) by Newton's method
-    from the right: g(u) = Σ π exp(u s) − e is increasing and convex, so the iterates decrease
-    monotonically onto the root (quadratic convergence, typically < 10 steps).
+    solution, and the caller falls back to the prior. Solved for u = 1/(2c) by Newton's method:
+    g(u) = Σ π exp(u s) − e is increasing and convex, so from any start one step lands right of
+    the root and the iterates then decrease monotonically onto it (quadratic convergence). ``start``
+    (the previous round's c) saves iterations; the default start is a point right of the root.
 
     >>> c = normalhedge_scale(np.array([1.0, -1.0]))
     >>> round(0.5 * (math.exp(1.0 / (2 * c)) + 1.0), 12) == round(math.e, 12)
@@ -47,23 +50,33 @@ def normalhedge_scale(regrets: np.ndarray, prior: np.ndarray | None = None, rtol
         return math.inf
     pi = _normalised(prior, len(s))
     j = int(np.argmax(s))
-    u = (1.0 - math.log(pi[j])) / s_max  # π_j exp(u s_j) = e ≥ ... so g(u) ≥ 0: right of the root
+    u_right = (1.0 - math.log(pi[j])) / s_max  # π_j exp(u s_j) = e, so g(u_right) ≥ 0
+    u = u_right
+    if start is not None and math.isfinite(start) and start > 0:
+        u = min(1.0 / (2.0 * start), u_right)
     for _ in range(200):
         ex = np.exp(u * s)
         g = float(pi @ ex) - E
         if abs(g) <= rtol * E:
             break
-        step = g / float(pi @ (s * ex))
-        if not step > 0 or step >= u:  # only round-off can do this: stop at the best iterate
+        slope = float(pi @ (s * ex))
+        if not slope > 0:
             break
-        u -= step
+        step = g / slope
+        if g > 0 and step >= u:  # only round-off can do this: stop at the best iterate
+            break
+        u = min(u - step, u_right)
     return 1.0 / (2.0 * u)
 
 
-def normalhedge_probs(regrets: np.ndarray, prior: np.ndarray | None = None) -> np.ndarray:
-    """p_i ∝ π_i ([R_i]₊/c) exp([R_i]₊²/(2c)); the prior π when no regret is positive."""
+def normalhedge_probs(regrets: np.ndarray, prior: np.ndarray | None = None, c: float | None = None) -> np.ndarray:
+    """p_i ∝ π_i ([R_i]₊/c) exp([R_i]₊²/(2c)); the prior π when no regret is positive.
+
+    ``c`` defaults to :func:`normalhedge_scale` of the regrets.
+    """
     pi = _normalised(prior, len(regrets))
-    c = normalhedge_scale(regrets, pi)
+    if c is None:
+        c = normalhedge_scale(regrets, pi)
     if math.isinf(c):
         return pi
     positive = np.maximum(regrets, 0.0)
@@ -125,6 +138,7 @@ class NormalHedgeLearner:
     def __init__(self, n: int, prior: np.ndarray | None = None) -> None:
         self.prior = _normalised(prior, n)
         self.regrets = np.zeros(n)
+        self.scale = math.inf  # c_t of the last update
         self._probs = self.prior.copy()
 
     def probs(self) -> np.ndarray:
@@ -133,11 +147,17 @@ class NormalHedgeLearner:
     def update(self, losses: np.ndarray) -> None:
         mixed = float(self._probs @ losses)  # the learner's loss ℓ_A = Σ p_i ℓ_i
         self.regrets += mixed - losses
-        self._probs = normalhedge_probs(self.regrets, self.prior)
+        self._refresh()
 
     def decay(self, factor: float) -> None:
         self.regrets *= factor
-        self._probs = normalhedge_probs(self.regrets, self.prior)
+        self.scale = math.inf
+        self._refresh()
+
+    def _refresh(self) -> None:
+        # c_t moves little between updates: start Newton from the previous one
+        self.scale = normalhedge_scale(self.regrets, self.prior, start=self.scale)
+        self._probs = normalhedge_probs(self.regrets, self.prior, self.scale)
 
 
 class AdaNormalHedgeLearner:

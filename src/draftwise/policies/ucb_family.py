@@ -105,9 +105,11 @@ class UCBTunedPolicy(MeanRewardPolicy):
         self.squares[arm] += reward * reward
 
     def select(self) -> int:
-        mean = self.means()
-        second = np.divide(self.squares, self.pulls, out=np.zeros(self.n_arms), where=self.pulls > 0)
-        var = np.maximum(second - mean**2, 0.0)
+        untried = np.flatnonzero(self.pulls <= 0)
+        if len(untried):
+            return int(untried[0]) if len(untried) == 1 else int(self.rng.choice(untried))
+        mean = self.sums / self.pulls
+        var = np.maximum(self.squares / self.pulls - mean * mean, 0.0)
         return argmax_random_tie(ucb_tuned_index(mean, var, self.pulls, self.t), self.rng)
 
 
