@@ -50,6 +50,26 @@ def check_hedgespec(seeds: int) -> list[str]:
     ]
 
 
+def check_lengths(seeds: int) -> list[str]:
+    """The HedgeSpec comparison at other response lengths and on Qwen's table."""
+    lines = []
+    runs = [("hedgespec-llama", {"median_tokens": 100.0}, "median 100"),
+            ("hedgespec-llama", {"median_tokens": 1000.0}, "median 1000"),
+            ("hedgespec-llama", {"tokens": 1024}, "fixed B = 1024"),
+            ("hedgespec-qwen", {}, "median 492, cap 1679")]
+    for name, kwargs, label in runs:
+        res = simulate(get_scenario(name), ["random", "ucbspec", "exp3spec", "normalhedge"], seeds=seeds, **kwargs)
+        p, oracle = res["policies"], res["oracle"]["mat"]
+        nh, us = p["normalhedge"]["mat"], p["ucbspec"]["mat"]
+        lines.append(
+            f"- {name} ({label}): oracle {oracle:.2f}; NormalHedge {_pm(p['normalhedge'], 'mat')} = {nh / oracle:.3f}× oracle, "
+            f"{nh / us:.2f}× UCBSpec {_pm(p['ucbspec'], 'mat')}; EXP3Spec {_pm(p['exp3spec'], 'mat')}; random "
+            f"{_pm(p['random'], 'mat')}; speedup NormalHedge {_pm(p['normalhedge'], 'speedup')} vs UCBSpec "
+            f"{_pm(p['ucbspec'], 'speedup')} — {_cmd('lengths', seeds)}"
+        )
+    return lines
+
+
 def check_scaling(seeds: int) -> list[str]:
     mats: dict[str, dict[int, dict]] = {"normalhedge": {}, "ucbspec": {}}
     for n in (2, 4, 8, 16, 32, 64):
@@ -167,6 +187,7 @@ def check_cost(seeds: int) -> list[str]:
 
 CHECKS: dict[str, Callable[[int], list[str]]] = {
     "hedgespec": check_hedgespec,
+    "lengths": check_lengths,
     "scaling": check_scaling,
     "regret-log": check_regret_log,
     "bd-vs-be": check_bd_vs_be,
