@@ -45,8 +45,8 @@ class Generator:
         self.target = CachedLM(target)
         self.drafters = list(drafters)
         self.arms = [Arm(d.name, i, draft_len) for i, d in enumerate(self.drafters)] or [Arm("none", None, 0)]
-        self.policy_spec = policy if self.drafters else "fixed:none"
-        self.policy = make_policy(self.policy_spec, [a.name for a in self.arms], np.random.default_rng(seed))
+        self.policy_spec = policy
+        self.policy = make_policy(policy, [a.name for a in self.arms], np.random.default_rng(seed))
         self.engine = Engine(self.target, self.drafters, self.arms, self.policy)
         self.max_context = context_limit(target)
         self.eos_ids = _eos_ids(target, tokenizer)

@@ -44,11 +44,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_dependencies(verbose: int) -> None:
+    """transformers' loading bars and hub retry warnings drown the CLI's own output."""
+    if verbose:
+        return
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    _quiet_dependencies(args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -67,6 +67,9 @@ def _build_one(spec: str, target: Any, target_tokenizer: Any, options: LoadOptio
         if raw:
             raise DraftwiseError(f"unknown option(s) {', '.join(raw)} for drafter 'lm'; valid: model, name")
         return _load_lm_drafter(model_path, name, target, target_tokenizer, options)
+    if ":" not in spec and "/" not in spec and not os.path.isdir(os.path.expanduser(spec)):
+        raise DraftwiseError(
+            f"unknown drafter {spec!r}; valid: {', '.join(drafter_kinds())} (hub ids take the form org/name)")
     return _load_lm_drafter(spec, "", target, target_tokenizer, options)
 
 

@@ -1,0 +1,92 @@
+"""``draftwise generate``: one prompt, a pool of drafters, a policy; text and statistics out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from draftwise.errors import DraftwiseError
+
+DEFAULT_TARGET = "zoo:target"
+DEFAULT_POOL = ("zoo:all", "pld", "suffix")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "generate",
+        help="generate text with speculative decoding",
+        description="Generate text with a target model, speculative decoding with a pool of drafters, and a "
+        "policy that picks a drafter each round. Output equals the target's own decoding (greedy: token for "
+        "token; sampling: in distribution). Without --target, the embedded zoo target is used with every zoo "
+        "drafter plus pld and suffix.",
+    )
+    p.add_argument("prompt", nargs="?", help="the prompt text; read from stdin when omitted or '-'")
+    p.add_argument("--target", default=None, help="target model: local path, hub id or zoo:target (default: zoo:target)")
+    p.add_argument("--drafter", action="append", default=None, metavar="SPEC",
+                   help="a drafter (repeatable): model path or hub id, zoo:NAME, zoo:all, pld, suffix, with options "
+                   "such as pld:max_ngram=4 (default with the zoo target: zoo:all, pld, suffix; else none)")
+    p.add_argument("--policy", default=None, help="drafter-selection policy, e.g. ucb, ucb:beta=0.1, fixed:pld, "
+                   "round-robin, random; 'draftwise policies' lists them (default: the library's default)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
+    p.add_argument("--draft-len", type=int, default=None, help="draft tokens per round (default 4)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop once this text appears (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    p.add_argument("--truncate", action="store_true", help="keep the last tokens of a prompt too long for the context")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="wrap the prompt in the tokenizer's chat template (default: when it has one)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--dtype", default="float32", help="float32 (default), float16 or bfloat16")
+    p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    p.add_argument("--trace", metavar="FILE", help="write the per-round trace as JSONL")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from draftwise.api import DEFAULT_DRAFT_LEN, DEFAULT_POLICY, Generator
+
+    prompt = args.prompt
+    if prompt is None or prompt == "-":
+        prompt = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
+    if not prompt.strip():
+        raise DraftwiseError("the prompt is empty: pass it as an argument or on stdin")
+    target = args.target or DEFAULT_TARGET
+    drafters = args.drafter if args.drafter is not None else (list(DEFAULT_POOL) if target == DEFAULT_TARGET else [])
+    gen = Generator.from_pretrained(
+        target, drafters, policy=args.policy or DEFAULT_POLICY, draft_len=DEFAULT_DRAFT_LEN if args.draft_len is None else args.draft_len,
+        device=args.device, dtype=args.dtype, seed=args.seed, chat=args.chat,
+    )
+    result = gen.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
+                          ignore_eos=args.ignore_eos, truncate=args.truncate)
+    if args.trace:
+        result.write_trace(args.trace)
+    if args.json:
+        out = result.to_dict()
+        keys = ("new_tokens", "rounds", "target_calls", "mat", "acceptance_rate", "tokens_per_s", "wall_s", "pulls",
+                "stopped_by")
+        out["stats"] = {k: out["stats"][k] for k in keys}
+        print(json.dumps(out))
+    else:
+        print(result.text)
+        print(format_stats(result.stats), file=sys.stderr)
+    return 130 if result.stats.stopped_by == "interrupted" else 0
+
+
+def format_stats(stats: Any) -> str:
+    pulls = ", ".join(f"{name} {n}" for name, n in sorted(stats.pulls.items(), key=lambda kv: -kv[1]))
+    lines = [
+        f"-- {stats.new_tokens} tokens in {stats.rounds} target calls (MAT {stats.mat:.2f}), "
+        f"acceptance {stats.acceptance_rate:.0%}, {stats.tokens_per_s:.1f} tokens/s, stopped by {stats.stopped_by}",
+        f"-- time {stats.wall_s:.3f}s: draft {stats.draft_s:.3f}, verify {stats.verify_s:.3f}, "
+        f"policy {stats.policy_s:.4f}, evaluation {stats.eval_s:.3f}, other {stats.other_s:.3f}",
+        f"-- pulls: {pulls}",
+    ]
+    if stats.stopped_by == "interrupted":
+        lines.insert(0, "-- interrupted: what was generated so far is shown above")
+    return "\n".join(lines)
