@@ -142,3 +142,16 @@ def test_naive_realized_token_estimator_is_biased() -> None:
     naive_arr = np.array(naive)
     se = np.sqrt(actual.var(ddof=1) / n + naive_arr.var(ddof=1) / n)
     assert abs(actual.mean() - naive_arr.mean()) > 3 * se
+
+
+def test_docstring_examples_of_the_learners_signals_and_simulator() -> None:
+    import doctest
+    import importlib
+
+    names = ["draftwise.feedback", "draftwise.policies.base", "draftwise.policies.ucb", "draftwise.policies.ucb_family",
+             "draftwise.policies.exp3", "draftwise.policies.thompson", "draftwise.policies.halving",
+             "draftwise.policies.hedge", "draftwise.policies.delayed", "draftwise.sim.process", "draftwise.sim.cli"]
+    for name in names:
+        result = doctest.testmod(importlib.import_module(name))
+        assert result.failed == 0, name
+        assert name.endswith(("thompson", "greedy")) or result.attempted > 0, name

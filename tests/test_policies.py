@@ -249,3 +249,15 @@ def test_halving_phases_end_with_one_survivor() -> None:
 def test_halving_commits_after_k_log_k_pulls() -> None:
     played = run("halving", 60)
     assert len(set(played[10:])) == 1  # 4 + 2 pulls with period 1, then one arm for good
+
+
+def test_ucbspec_radius_matches_banditspec_formula() -> None:
+    from draftwise.policies.ucb_family import ucbspec_radius
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        pulls = rng.integers(1, 50, size=5).astype(float)
+        t, L, delta = float(pulls.sum()), int(rng.integers(1, 9)), float(rng.uniform(0.05, 1.0))
+        literal = (L / 2) * np.sqrt((1 + pulls) / pulls**2 * (1 + 2 * np.log(5 * t**2 * np.sqrt(1 + pulls) / delta)))
+        assert ucbspec_radius(pulls, t, 5, L, delta) == pytest.approx(literal, rel=1e-12)
+    assert np.isinf(ucbspec_radius(np.array([0.0, 2.0]), 2, 2, 4, 0.5)[0])

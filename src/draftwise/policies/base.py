@@ -10,6 +10,11 @@ A policy chooses one arm per round and learns from what the round revealed:
 * delayed feedback — a policy is free to queue what ``update`` gives it and use it later
   (the engine never looks inside), so delayed-feedback wrappers need no engine change.
 
+Across queries every learner takes the common options ``keep`` (default False: reset per query,
+as the papers do), ``decay`` (with ``keep``: shrink the accumulated evidence by this factor at each
+new query) and ``prior`` / ``prior_weight`` (warm start: one initial mean reward, or weight for
+full-information learners, per arm, worth ``prior_weight`` pseudo-observations).
+
 Every random choice goes through the injected ``numpy.random.Generator``.
 """
 

@@ -23,8 +23,11 @@ def ucb_index(mean: np.ndarray, pulls: np.ndarray, t: float, beta: float) -> np.
     >>> ucb_index(np.array([0.5, 0.0]), np.array([1, 0]), 2, 1.0).tolist()[1]
     inf
     """
+    scale = 2.0 * math.log(max(t, 1.0))
+    if pulls.min() > 0:  # the usual case, without the cost of errstate / where
+        return mean + beta * np.sqrt(scale / pulls)
     with np.errstate(divide="ignore", invalid="ignore"):
-        bonus = beta * np.sqrt(2.0 * math.log(max(t, 1.0)) / pulls)
+        bonus = beta * np.sqrt(scale / pulls)
     return np.where(pulls > 0, mean + bonus, np.inf)
 
 
@@ -54,6 +57,8 @@ class MeanRewardPolicy(Policy):
         self.t = float(self.pulls.sum())
 
     def means(self) -> np.ndarray:
+        if self.pulls.min() > 0:
+            return self.sums / self.pulls
         return np.divide(self.sums, self.pulls, out=np.zeros(self.n_arms), where=self.pulls > 0)
 
     def observe(self, arm: int, reward: float) -> None:

@@ -22,12 +22,14 @@ def ucbspec_radius(pulls: np.ndarray, t: float, n_arms: int, max_draft: int, del
     +inf for arms never pulled.
 
     >>> round(float(ucbspec_radius(np.array([1.0]), 1, 1, 2, 1.0)[0]), 6)  # sqrt(2·(1+2 log √2))
-    1.835058
+    1.840189
     """
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_term = 1.0 + 2.0 * np.log(n_arms * max(t, 1.0) ** 2 * np.sqrt(1.0 + pulls) / delta)
-        radius = (max_draft / 2.0) * np.sqrt((1.0 + pulls) / pulls**2 * log_term)
-    return np.where(pulls > 0, radius, np.inf)
+    tried = pulls > 0
+    safe = np.where(tried, pulls, 1.0)
+    # log(K t² sqrt(1+n)/δ) = log(K t²/δ) + ½ log(1+n)
+    log_term = 1.0 + 2.0 * (math.log(n_arms * max(t, 1.0) ** 2 / delta) + 0.5 * np.log1p(safe))
+    radius = (max_draft / 2.0) * np.sqrt((1.0 + safe) * log_term) / safe
+    return np.where(tried, radius, np.inf)
 
 
 @register_policy("ucbspec")
