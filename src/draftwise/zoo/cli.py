@@ -1,0 +1,115 @@
+"""``draftwise zoo``: list, build, evaluate and install the embedded model zoo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Callable
+
+from draftwise.registry import Registry
+
+Action = Callable[[argparse.Namespace], int]
+ACTIONS: Registry[Action] = Registry("zoo command")
+
+
+def action(name: str) -> Callable[[Action], Action]:
+    return ACTIONS.register(name)
+
+
+@action("list")
+def list_action(args: argparse.Namespace) -> int:
+    from draftwise.zoo.load import zoo_entries
+
+    entries = zoo_entries(Path(args.models) if args.models else None)
+    if args.json:
+        print(json.dumps([e.__dict__ for e in entries], indent=2))
+        return 0
+    print(f"{'name':<18} {'role':<8} {'domains':<48} {'params':>9} {'size':>9}")
+    for e in entries:
+        print(f"{e.name:<18} {e.role:<8} {','.join(e.domains):<48} {e.params / 1e6:>8.2f}M {e.bytes / 1e6:>7.1f}MB")
+    return 0
+
+
+def add_log_file(path: str | None) -> None:
+    if not path:
+        return
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("draftwise").addHandler(handler)
+    logging.getLogger("draftwise").setLevel(logging.INFO)
+
+
+@action("build")
+def build_action(args: argparse.Namespace) -> int:
+    from draftwise.zoo.build import run_build
+
+    add_log_file(args.log)
+    models = run_build(
+        Path(args.data), Path(args.out), args.budget, until=args.until, progress=not args.quiet, threads=args.threads
+    )
+    print(f"zoo built under {models}")
+    return 0
+
+
+@action("install")
+def install_action(args: argparse.Namespace) -> int:
+    from draftwise.zoo.install import install_zoo
+
+    installed = install_zoo(Path(args.build), Path(args.to) if args.to else None)
+    print(f"zoo installed into {installed}")
+    return 0
+
+
+@action("eval")
+def eval_action(args: argparse.Namespace) -> int:
+    from draftwise.zoo.evaluate import evaluate_zoo, format_table
+
+    add_log_file(args.log)
+    result = evaluate_zoo(
+        Path(args.build), split=args.split, n_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+        draft_length=args.draft_length, models=Path(args.models) if args.models else None, progress=not args.quiet,
+    )
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=2))
+    print(format_table(result))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("zoo", help="the embedded model zoo: list, build, eval, install")
+    sub = parser.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND", required=True)
+
+    p = sub.add_parser("list", help="show zoo models: names, roles, domains, sizes")
+    p.add_argument("--models", help="a models folder to list instead of the shipped zoo")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("build", help="build the zoo from the shared datasets (resumes if interrupted)")
+    p.add_argument("--data", default="../shared/data", help="the shared/data folder (default ../shared/data)")
+    p.add_argument("--out", required=True, help="build folder (corpus, checkpoints, models)")
+    p.add_argument("--budget", default="full", help="full or tiny (a quick test build)")
+    p.add_argument("--until", help="stop after this stage (corpus, tokenizer, tokens, target, teacher, drafters)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    p.add_argument("--log", help="also append progress logs to this file")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    p = sub.add_parser("install", help="copy a build's models into the package (fp16 safetensors)")
+    p.add_argument("--build", required=True, help="the build folder")
+    p.add_argument("--to", help="destination (default: the package's zoo/models)")
+
+    p = sub.add_parser("eval", help="acceptance rate and MAT of every drafter on every domain's dev split")
+    p.add_argument("--build", required=True, help="the build folder (for its held-out splits)")
+    p.add_argument("--models", help="models folder (default: the shipped zoo)")
+    p.add_argument("--split", default="dev", choices=("dev", "test"))
+    p.add_argument("--prompts", type=int, default=24, help="prompts per domain")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--draft-length", type=int, default=5)
+    p.add_argument("--json-out", help="write the full result (JSON) here")
+    p.add_argument("--log", help="also append logs to this file")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return ACTIONS.get(args.zoo_command)(args)

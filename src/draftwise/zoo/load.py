@@ -1,0 +1,113 @@
+"""Load zoo models by name: ``zoo:target``, ``zoo:code``, …, ``zoo:all`` (every zoo drafter).
+
+A zoo model is a plain Hugging Face checkpoint folder (config.json, model.safetensors,
+tokenizer files) shipped inside the package, so the engine loads it like any other model::
+
+    >>> path = resolve_zoo_name("zoo:target")          # a local folder
+    >>> AutoModelForCausalLM.from_pretrained(path)      # doctest: +SKIP
+
+The folder ``zoo/models`` holds one sub-folder per model and a manifest ``zoo.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftwise.errors import DraftwiseError
+
+PREFIX = "zoo:"
+ALL = "zoo:all"
+TARGET_NAME = "target"
+MANIFEST = "zoo.json"
+
+
+def shipped_models_dir() -> Path:
+    return Path(__file__).resolve().parent / "models"
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str  # without the "zoo:" prefix
+    role: str  # "target" or "drafter"
+    domains: tuple[str, ...]
+    params: int
+    bytes: int  # model.safetensors size on disk
+    path: str
+
+
+def read_manifest(models: Path | None = None) -> dict:
+    folder = models or shipped_models_dir()
+    path = folder / MANIFEST
+    if not path.exists():
+        raise DraftwiseError(
+            f"no model zoo at {folder} (missing {MANIFEST}); build one with "
+            "`draftwise zoo build --data ../shared/data --out DIR` and `draftwise zoo install --build DIR`"
+        )
+    return json.loads(path.read_text())
+
+
+def zoo_entries(models: Path | None = None) -> list[ZooEntry]:
+    """Every model in the zoo, the target first."""
+    folder = models or shipped_models_dir()
+    entries = [
+        ZooEntry(
+            name=m["name"],
+            role=m["role"],
+            domains=tuple(m["domains"]),
+            params=int(m["params"]),
+            bytes=(folder / m["name"] / "model.safetensors").stat().st_size
+            if (folder / m["name"] / "model.safetensors").exists()
+            else 0,
+            path=str(folder / m["name"]),
+        )
+        for m in read_manifest(folder)["models"]
+    ]
+    return sorted(entries, key=lambda e: (e.role != "target", e.name))
+
+
+def is_zoo_name(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+def zoo_names(models: Path | None = None) -> list[str]:
+    """Every loadable zoo name, e.g. ``["zoo:target", "zoo:code", …, "zoo:generalist"]``."""
+    return [PREFIX + e.name for e in zoo_entries(models)]
+
+
+def zoo_drafter_names(models: Path | None = None) -> list[str]:
+    """The names ``zoo:all`` stands for: every zoo drafter (specialists and the generalist)."""
+    return [PREFIX + e.name for e in zoo_entries(models) if e.role == "drafter"]
+
+
+def expand_zoo_names(names: list[str], models: Path | None = None) -> list[str]:
+    """Replace ``zoo:all`` by every zoo drafter name, keeping order and dropping duplicates."""
+    expanded: list[str] = []
+    for name in names:
+        for item in zoo_drafter_names(models) if name == ALL else [name]:
+            if item not in expanded:
+                expanded.append(item)
+    return expanded
+
+
+def resolve_zoo_name(name: str, models: Path | None = None) -> str:
+    """``zoo:NAME`` → the local folder of that HF checkpoint (config, safetensors, tokenizer)."""
+    if not is_zoo_name(name):
+        raise DraftwiseError(f"{name!r} is not a zoo name (zoo names start with {PREFIX!r})")
+    if name == ALL:
+        raise DraftwiseError(f"{ALL} names several drafters; expand it with expand_zoo_names()")
+    bare = name[len(PREFIX) :]
+    for entry in zoo_entries(models):
+        if entry.name == bare:
+            return entry.path
+    raise DraftwiseError(f"unknown zoo model {name!r}; valid: {', '.join(zoo_names(models) + [ALL])}")
+
+
+def zoo_domain_of(name: str, models: Path | None = None) -> tuple[str, ...]:
+    """The domains a zoo model was trained (drafters: distilled) on."""
+    bare = name[len(PREFIX) :] if is_zoo_name(name) else name
+    for entry in zoo_entries(models):
+        if entry.name == bare:
+            return entry.domains
+    raise DraftwiseError(f"unknown zoo model {name!r}")
