@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
 
@@ -28,6 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--queries", type=int, help="queries per seed (default: the scenario's)")
     parser.add_argument("--tokens", type=int, help="fixed response length B in tokens (default: log-normal lengths)")
     parser.add_argument("--median-tokens", type=float, help="median of the log-normal response lengths")
+    parser.add_argument("--rho", type=float, help="Markov persistence of acceptance probabilities between positions (default 0)")
+    parser.add_argument("--kappa", type=float, help="Beta concentration of acceptance probabilities (default 2)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run)
 
@@ -61,6 +64,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.scenario:
         raise DraftwiseError("give --scenario NAME (or --list to see them)")
     scenario = get_scenario(args.scenario)
+    if args.rho is not None:
+        if not 0.0 <= args.rho < 1.0:
+            raise DraftwiseError(f"--rho must be in [0, 1), got {args.rho}")
+        scenario = dataclasses.replace(scenario, rho=args.rho)
+    if args.kappa is not None:
+        if args.kappa <= 0:
+            raise DraftwiseError(f"--kappa must be > 0, got {args.kappa}")
+        scenario = dataclasses.replace(scenario, kappa=args.kappa)
     policies = split_policies(args.policies) if args.policies else None
     result = simulate(scenario, policies, seeds=args.seeds, queries=args.queries, tokens=args.tokens,
                       median_tokens=args.median_tokens, first_seed=args.first_seed)
