@@ -187,6 +187,8 @@ def test_cli_table_list_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sim", "--scenario", "nope"]) == 2
     assert "valid:" in capsys.readouterr().err
     assert main(["sim", "--scenario", "scaling-2", "--policies", "ucb:nope=1"]) == 2
+    assert main(["sim", "--scenario", "scaling-2", "--seeds", "1", "--queries", "2", "--rho", "0.5", "--kappa", "4"]) == 0
+    assert main(["sim", "--scenario", "scaling-2", "--rho", "1.5"]) == 2
     assert main(["policies"]) == 0
     listing = capsys.readouterr().out
     assert "normalhedge:" in listing and "gamma=0.4" in listing

@@ -116,6 +116,7 @@ class EXP3SpecPolicy(Policy):
         **common: Any,
     ) -> None:
         self.max_draft = max_draft
+        self.auto_draft = max_draft == 0  # L = the largest draft budget seen (arms may differ in L)
         super().__init__(arms, rng, reward=reward, **common)
 
     def reset(self) -> None:
@@ -133,8 +134,8 @@ class EXP3SpecPolicy(Policy):
         return sample(self.probs(), self.rng)
 
     def update(self, arm: int, record: RoundRecord) -> float | None:
-        if not self.max_draft:
-            self.max_draft = record.max_draft
+        if self.auto_draft:  # L is a property of the engine configuration, read off the rounds
+            self.max_draft = max(self.max_draft, record.max_draft)
         return super().update(arm, record)
 
     def observe(self, arm: int, reward: float) -> None:

@@ -21,6 +21,7 @@ class BetaThompsonPolicy(Policy):
     """
 
     summary = "Beta-Bernoulli Thompson sampling (TapOut token level), rewards in [0, 1]"
+    decayed: ClassVar[tuple[str, ...]] = ("successes", "failures")  # decay shrinks towards Beta(1, 1)
 
     def __init__(self, arms: Sequence[str], rng: np.random.Generator, *, binarize: bool = True, **common: Any) -> None:
         self.binarize = binarize
@@ -29,8 +30,6 @@ class BetaThompsonPolicy(Policy):
     def reset(self) -> None:
         self.successes = np.zeros(self.n_arms)
         self.failures = np.zeros(self.n_arms)
-
-    decayed: ClassVar[tuple[str, ...]] = ("successes", "failures")  # decay shrinks towards Beta(1, 1)
 
     def warm_start(self, means: np.ndarray, weight: float) -> None:
         means = np.clip(np.asarray(means, dtype=float), 0.0, 1.0)

@@ -56,6 +56,7 @@ class UCBSpecPolicy(MeanRewardPolicy):
             raise DraftwiseError(f"ucbspec: delta must be in (0, 1], got {delta}")
         self.delta = delta
         self.max_draft = max_draft
+        self.auto_draft = max_draft == 0  # L = the largest draft budget seen (arms may differ in L)
         super().__init__(arms, rng, reward=reward, **common)
 
     def select(self) -> int:
@@ -66,8 +67,8 @@ class UCBSpecPolicy(MeanRewardPolicy):
         return argmax_random_tie(self.means() + radius, self.rng)
 
     def update(self, arm: int, record: RoundRecord) -> float | None:
-        if not self.max_draft:  # L is a property of the engine configuration, read off the rounds
-            self.max_draft = record.max_draft
+        if self.auto_draft:  # L is a property of the engine configuration, read off the rounds
+            self.max_draft = max(self.max_draft, record.max_draft)
         return super().update(arm, record)
 
     def state_dict(self) -> dict[str, Any]:
