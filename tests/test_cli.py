@@ -97,11 +97,11 @@ def test_ctrl_c_returns_what_was_generated(tiny_models, capsys, monkeypatch) -> 
     calls = {"n": 0}
     original = PromptLookupDrafter.propose
 
-    def interrupt_on_fifth_round(self, context, max_len, ctx):
+    def interrupt_on_fifth_round(self, context, max_len, ctx, stop=None):
         calls["n"] += 1
         if calls["n"] == 5:
             raise KeyboardInterrupt
-        return original(self, context, max_len, ctx)
+        return original(self, context, max_len, ctx, stop)
 
     monkeypatch.setattr(PromptLookupDrafter, "propose", interrupt_on_fifth_round)
     code, out, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), "--drafter", "pld",

@@ -43,7 +43,7 @@ class AlwaysWrong:
 
     def end_query(self, tokens, prompt_len) -> None: ...
 
-    def propose(self, context, max_len, ctx):
+    def propose(self, context, max_len, ctx, stop=None):
         from draftwise.drafters import Draft
 
         tokens: list[int] = []

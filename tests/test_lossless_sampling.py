@@ -37,7 +37,7 @@ class RandomPointMass(Drafter):
 
     name = "noise"
 
-    def propose(self, context, max_len, ctx):
+    def propose(self, context, max_len, ctx, stop=None):
         return Draft(torch.randint(VOCAB, (max_len,), generator=ctx.generator).tolist())
 
 

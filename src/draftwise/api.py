@@ -8,8 +8,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from draftwise.arms import ArmSettings, build_arms
 from draftwise.drafters import Drafter, build_drafters
-from draftwise.engine import Arm, Engine, QuerySettings
+from draftwise.engine import Engine, QuerySettings
 from draftwise.errors import DraftwiseError
 from draftwise.models import CachedLM, LoadOptions, context_limit, load_causal_lm
 from draftwise.policies import make_policy
@@ -35,16 +36,23 @@ class Generator:
         draft_len: int = DEFAULT_DRAFT_LEN,
         seed: int = 0,
         chat: bool | None = None,
+        arms: str = "drafters",
+        max_draft: int = ArmSettings.max_draft,
+        stops: Sequence[str] = ArmSettings.stops,
+        arm_drafter: str | None = None,
     ) -> None:
         if draft_len < 1:
             raise DraftwiseError(f"draft_len must be ≥ 1, got {draft_len}")
+        if max_draft < 1:
+            raise DraftwiseError(f"max_draft must be ≥ 1, got {max_draft}")
         self.model = target
         self.tokenizer = tokenizer
         self.seed = seed
         self.chat = chat
         self.target = CachedLM(target)
         self.drafters = list(drafters)
-        self.arms = [Arm(d.name, i, draft_len) for i, d in enumerate(self.drafters)] or [Arm("none", None, 0)]
+        settings = ArmSettings(draft_len=draft_len, max_draft=max_draft, stops=tuple(stops), drafter=arm_drafter)
+        self.arms = build_arms(arms, self.drafters, settings)
         self.policy_spec = policy
         self.policy = make_policy(policy, [a.name for a in self.arms], np.random.default_rng(seed))
         self.engine = Engine(self.target, self.drafters, self.arms, self.policy)
@@ -63,16 +71,19 @@ class Generator:
         dtype: str = "float32",
         seed: int = 0,
         chat: bool | None = None,
+        **arm_options: Any,
     ) -> "Generator":
         """Load the target (path, hub id or ``zoo:target``) and the drafters named by ``drafters``.
 
         Drafter specs: a model path or hub id, ``zoo:NAME``, ``zoo:all``, ``pld``, ``suffix``,
-        with options such as ``pld:max_ngram=4``.
+        with options such as ``pld:max_ngram=4``. ``arm_options``: ``arms`` (layout: drafters,
+        lengths, stops, drafters×stops or an explicit list), ``max_draft``, ``stops``,
+        ``arm_drafter`` — see :mod:`draftwise.arms`.
         """
         options = LoadOptions(device=device, dtype=dtype)
         model, tokenizer = load_causal_lm(target, options)
         pool = build_drafters(drafters, model, tokenizer, options)
-        return cls(model, tokenizer, pool, policy=policy, draft_len=draft_len, seed=seed, chat=chat)
+        return cls(model, tokenizer, pool, policy=policy, draft_len=draft_len, seed=seed, chat=chat, **arm_options)
 
     # ------------------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:

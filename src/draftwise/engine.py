@@ -13,7 +13,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from draftwise.drafters import Draft, DraftContext, Drafter, LMDrafter
+from draftwise.arms import Arm
+from draftwise.drafters import Draft, DraftContext, Drafter, LMDrafter, StopRule, make_stop_rule
 from draftwise.models import CachedLM
 from draftwise.policies import Policy
 from draftwise.trace import RoundRecord
@@ -23,15 +24,6 @@ log = logging.getLogger(__name__)
 
 # Given the generated tokens so far, the length to keep if a stop string just completed, else None.
 StopCheck = Callable[[list[int]], "int | None"]
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One choice a policy can make: a drafter (None = no speculation) and its draft budget."""
-
-    name: str
-    drafter: int | None
-    draft_len: int
 
 
 @dataclass(frozen=True)
@@ -58,6 +50,7 @@ class Engine:
         self.drafters = list(drafters)
         self.arms = list(arms)
         self.policy = policy
+        self.rules: list[StopRule | None] = []
 
     def run(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator) -> QueryOutcome:
         context = list(prompt)
@@ -66,6 +59,8 @@ class Engine:
         stopped_by = "max_new_tokens"
         start = time.perf_counter()
         self.policy.begin_query()
+        # stopping rules with state (AdaEDL's threshold) start afresh each query, like the learners
+        self.rules = [make_stop_rule(arm.stop) if arm.stop else None for arm in self.arms]
         for drafter in self.drafters:
             drafter.begin_query(context)
         try:
@@ -91,13 +86,15 @@ class Engine:
         t1 = clock()
         # 2. draft, leaving room for the target's own token within max_new_tokens
         budget = min(arm.draft_len, settings.max_new_tokens - generated - 1)
-        draft = self._draft(arm, context, budget, dctx)
+        draft = self._draft(arm, self.rules[arm_index], context, budget, dctx)
         t2 = clock()
         # 3. verify the whole draft in one target forward
         n = len(draft.tokens)
         logits = self.target.logits(context + draft.tokens, n + 1)  # (n + 1, V)
         target_probs = None if settings.sampling.greedy else warp(logits, settings.sampling)
         verdict = self._verify(draft, logits, target_probs, dctx)
+        if self.rules[arm_index] is not None:
+            self.rules[arm_index].after_round(n, verdict.accepted)
         new = draft.tokens[: verdict.accepted] + [verdict.next_token]
         stop = None
         for i, token in enumerate(new):
@@ -127,10 +124,10 @@ class Engine:
         record.eval_s, record.policy_s = t4 - t3, (t1 - t0) + (t5 - t4)
         return record, stop
 
-    def _draft(self, arm: Arm, context: list[int], budget: int, dctx: DraftContext) -> Draft:
+    def _draft(self, arm: Arm, rule: StopRule | None, context: list[int], budget: int, dctx: DraftContext) -> Draft:
         if arm.drafter is None or budget <= 0:
             return Draft([])
-        draft = self.drafters[arm.drafter].propose(context, budget, dctx)
+        draft = self.drafters[arm.drafter].propose(context, budget, dctx, rule)
         if len(draft.tokens) > budget:  # a drafter must not exceed its budget; trim defensively
             draft = Draft(draft.tokens[:budget], None if draft.probs is None else draft.probs[:budget])
         return draft

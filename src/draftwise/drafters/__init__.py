@@ -11,7 +11,8 @@ import os
 from typing import Any, Sequence
 
 from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
-from draftwise.drafters.lm import LMDrafter, StopRule
+from draftwise.drafters.lm import LMDrafter
+from draftwise.drafters.stopping import STOP_RULES, StopRule, make_stop_rule
 from draftwise.drafters.prompt_lookup import PromptLookupDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.errors import DraftwiseError
@@ -19,7 +20,7 @@ from draftwise.models import LoadOptions, load_causal_lm
 from draftwise.options import keyword_defaults, split_spec, typed_options
 
 __all__ = ["DRAFTERS", "Draft", "DraftContext", "Drafter", "LMDrafter", "PromptLookupDrafter",
-           "StopRule", "SuffixDrafter", "build_drafters", "drafter_kinds"]
+           "STOP_RULES", "StopRule", "SuffixDrafter", "build_drafters", "drafter_kinds", "make_stop_rule"]
 
 
 def drafter_kinds() -> list[str]:

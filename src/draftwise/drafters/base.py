@@ -45,8 +45,12 @@ class Drafter(ABC):
         """The query finished with these tokens (prompt + response)."""
 
     @abstractmethod
-    def propose(self, context: Sequence[int], max_len: int, ctx: DraftContext) -> Draft:
-        """Up to ``max_len`` draft tokens continuing ``context`` (the verified tokens)."""
+    def propose(self, context: Sequence[int], max_len: int, ctx: DraftContext, stop: Any = None) -> Draft:
+        """Up to ``max_len`` draft tokens continuing ``context`` (the verified tokens).
+
+        ``stop`` is a dynamic stopping rule (:mod:`draftwise.drafters.stopping`); drafters
+        without a distribution to judge ignore it.
+        """
 
     def describe(self) -> dict[str, Any]:
         """Name, kind and options, for result files."""

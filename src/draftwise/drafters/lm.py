@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from draftwise.drafters.base import Draft, DraftContext, Drafter
+from draftwise.drafters.stopping import StopRule
 from draftwise.models import CachedLM
 from draftwise.verify import warp
-
-# A stopping rule sees the drafter's distribution at the token just drafted (and the draft so
-# far) and says whether to stop drafting after it. Dynamic rules (TapOut) plug in here.
-StopRule = Callable[[torch.Tensor, int], bool]
 
 
 class LMDrafter(Drafter):
@@ -35,7 +32,11 @@ class LMDrafter(Drafter):
         logits = self.lm.logits(context, 1)[0]  # catch-up: prefill only what this drafter has not seen
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
+        if stop is not None:
+            stop.start_draft()
         for step in range(max_len):
+            if stop is not None and stop.should_stop(torch.softmax(logits, -1), step) and step > 0:
+                break
             if ctx.sampling.greedy:
                 token = int(logits.argmax())
             else:
@@ -44,8 +45,6 @@ class LMDrafter(Drafter):
                 rows.append(probs)
             tokens.append(token)
             if token in ctx.eos_ids or step == max_len - 1:
-                break
-            if stop is not None and stop(logits, step):
                 break
             logits = self.lm.extend([token], 1)[0]
         return Draft(tokens, torch.stack(rows) if rows else None)

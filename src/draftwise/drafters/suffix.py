@@ -133,7 +133,7 @@ class SuffixDrafter(Drafter):
         for response in self.store:
             self.global_trie.add_sequence(response)
 
-    def propose(self, context: Sequence[int], max_len: int, ctx: DraftContext) -> Draft:
+    def propose(self, context: Sequence[int], max_len: int, ctx: DraftContext, stop: Any = None) -> Draft:
         if len(context) < self.seen:  # a context we have not followed: start over
             self.begin_query(context)
         self.local.extend(context[self.seen :])

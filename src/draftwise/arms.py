@@ -1,0 +1,157 @@
+"""Arms: what a policy chooses among. An arm is a drafter (or none), a draft budget and, for LM
+drafters, an optional dynamic stopping rule.
+
+Layouts (``--arms``):
+
+* ``drafters`` — one arm per drafter at the draft length (MetaSD, HedgeSpec, BanditSpec §6.1);
+* ``lengths`` — draft lengths 0 (no speculation), 1, …, L of one drafter (BanditSpec §6.2);
+* ``stops`` — the stopping rules of one LM drafter, up to a max draft length (TapOut);
+* ``drafters×stops`` — every LM drafter with every rule, plus the other drafters as they are;
+* an explicit list ``code@6+svip,pld@3,none`` (``DRAFTER[@LEN][+RULE]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from draftwise.drafters import Drafter, LMDrafter
+from draftwise.drafters.stopping import validate_stop_spec
+from draftwise.errors import DraftwiseError
+from draftwise.registry import Registry
+
+NONE = "none"
+TAPOUT_RULES = ("static", "max-confidence", "svip", "adaedl", "svip-difference", "logit-margin")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One choice a policy can make."""
+
+    name: str
+    drafter: int | None  # index into the drafter pool; None = no speculation (plain decoding)
+    draft_len: int  # the draft budget (max length under a stopping rule)
+    stop: str | None = None  # stopping-rule spec for LM drafters
+
+
+@dataclass(frozen=True)
+class ArmSettings:
+    draft_len: int = 4  # draft tokens per round (drafters layout, static rules)
+    max_draft: int = 16  # draft budget under dynamic stopping rules (TapOut used 128 as "unbounded")
+    stops: tuple[str, ...] = TAPOUT_RULES  # rules for the stops layouts
+    drafter: str | None = None  # the drafter of the lengths / stops layouts (default: the first fitting one)
+
+
+Layout = Callable[[Sequence[Drafter], ArmSettings], list[Arm]]
+LAYOUTS: Registry[Layout] = Registry("arm layout")
+
+
+def _arm(drafters: Sequence[Drafter], index: int | None, length: int, stop: str | None = None) -> Arm:
+    if index is None or length == 0:
+        return Arm(NONE, None, 0)
+    name = drafters[index].name
+    if stop is not None:
+        name = f"{name}+{stop}"
+    return Arm(name, index, length, stop)
+
+
+def _stop_length(stop: str, settings: ArmSettings) -> int:
+    return settings.draft_len if stop.split(":")[0] == "static" else settings.max_draft
+
+
+@LAYOUTS.register("drafters")
+def drafter_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm]:
+    return [_arm(drafters, i, settings.draft_len) for i in range(len(drafters))]
+
+
+@LAYOUTS.register("lengths")
+def length_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm]:
+    index = _pick(drafters, settings.drafter, lm_only=False, layout="lengths")
+    return [Arm(NONE, None, 0)] + [
+        Arm(f"{drafters[index].name}@{k}", index, k) for k in range(1, settings.draft_len + 1)
+    ]
+
+
+@LAYOUTS.register("stops")
+def stop_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm]:
+    index = _pick(drafters, settings.drafter, lm_only=True, layout="stops")
+    return [_arm(drafters, index, _stop_length(s, settings), s) for s in settings.stops]
+
+
+@LAYOUTS.register("drafters×stops")
+def drafter_stop_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm]:
+    arms: list[Arm] = []
+    for i, drafter in enumerate(drafters):
+        if isinstance(drafter, LMDrafter):
+            arms.extend(_arm(drafters, i, _stop_length(s, settings), s) for s in settings.stops)
+        else:
+            arms.append(_arm(drafters, i, settings.draft_len))
+    return arms
+
+
+LAYOUT_ALIASES = {"drafters*stops": "drafters×stops", "drafters-x-stops": "drafters×stops", "drafters_x_stops": "drafters×stops"}
+
+
+def build_arms(layout: str, drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm]:
+    """Arms for a layout name or an explicit list; with no drafter, the single arm 'none'."""
+    for rule in settings.stops:
+        validate_stop_spec(rule)
+    if not drafters:
+        return [Arm(NONE, None, 0)]
+    layout = LAYOUT_ALIASES.get(layout, layout)
+    if layout in LAYOUTS:
+        arms = LAYOUTS.get(layout)(drafters, settings)
+    elif "," in layout or "@" in layout or "+" in layout or layout == NONE or _find(drafters, layout) is not None:
+        arms = [parse_arm(item.strip(), drafters, settings) for item in layout.split(",") if item.strip()]
+    else:
+        raise DraftwiseError(
+            f"unknown arm layout {layout!r}; valid: {', '.join(LAYOUTS)}, or a list such as 'code@6+svip,pld@3,none'")
+    names = [a.name for a in arms]
+    if len(set(names)) != len(names):
+        raise DraftwiseError(f"arms must be distinct; got {', '.join(names)}")
+    return arms
+
+
+def parse_arm(text: str, drafters: Sequence[Drafter], settings: ArmSettings) -> Arm:
+    """``DRAFTER[@LEN][+RULE]`` or ``none``.
+
+    >>> from draftwise.drafters import PromptLookupDrafter
+    >>> parse_arm("pld@3", [PromptLookupDrafter()], ArmSettings())
+    Arm(name='pld@3', drafter=0, draft_len=3, stop=None)
+    """
+    if text == NONE:
+        return Arm(NONE, None, 0)
+    head, plus, stop = text.partition("+")
+    name, at, length_text = head.partition("@")
+    index = _find(drafters, name)
+    if index is None:
+        raise DraftwiseError(f"arm {text!r}: no drafter {name!r}; drafters are: {', '.join(d.name for d in drafters)}")
+    if plus:
+        validate_stop_spec(stop)
+        if not isinstance(drafters[index], LMDrafter):
+            raise DraftwiseError(f"arm {text!r}: stopping rules apply to LM drafters only, not {name!r}")
+    try:
+        length = int(length_text) if at else (_stop_length(stop, settings) if plus else settings.draft_len)
+    except ValueError:
+        raise DraftwiseError(f"arm {text!r}: draft length {length_text!r} is not an integer") from None
+    if length < 0:
+        raise DraftwiseError(f"arm {text!r}: draft length must be ≥ 0")
+    if length == 0:
+        return Arm(NONE, None, 0)
+    return Arm(text, index, length, stop if plus else None)
+
+
+def _find(drafters: Sequence[Drafter], name: str) -> int | None:
+    return next((i for i, d in enumerate(drafters) if d.name == name), None)
+
+
+def _pick(drafters: Sequence[Drafter], name: str | None, *, lm_only: bool, layout: str) -> int:
+    if name is not None:
+        index = _find(drafters, name)
+        if index is None:
+            raise DraftwiseError(f"no drafter {name!r} for the {layout} layout; drafters: {', '.join(d.name for d in drafters)}")
+        return index
+    for i, drafter in enumerate(drafters):
+        if not lm_only or isinstance(drafter, LMDrafter):
+            return i
+    raise DraftwiseError(f"the {layout} layout needs an LM drafter (stopping rules read its distribution)")

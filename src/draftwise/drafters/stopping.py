@@ -1,0 +1,170 @@
+"""Dynamic stopping rules: when should an LM drafter stop drafting? (TapOut Table 1, App. A.1)
+
+A rule looks at the drafter's distribution for the *next* draft position (softmax of its raw
+logits, temperature 1, as the rules are defined) and says whether to stop before drafting it.
+The first draft token is always drafted; ``max_len`` (the arm's draft budget) bounds the rest —
+TapOut used 128 as "unbounded". Rules with state (AdaEDL's threshold, SVIP-Difference's previous
+entropy) keep it here; ``after_round`` tells them what verification accepted.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any, Callable
+
+import torch
+
+from draftwise.errors import DraftwiseError
+from draftwise.options import keyword_defaults, split_spec, typed_options
+from draftwise.registry import Registry
+
+
+def entropy(probs: torch.Tensor) -> float:
+    """Shannon entropy in nats of a distribution (V,)."""
+    return float(-(probs * torch.log(probs.clamp_min(1e-30))).sum())
+
+
+def top2(probs: torch.Tensor) -> tuple[float, float]:
+    values = torch.topk(probs, 2).values.tolist()
+    return values[0], values[1]
+
+
+class StopRule(ABC):
+    name: str = "rule"
+
+    def start_draft(self) -> None:
+        """A new draft begins."""
+
+    @abstractmethod
+    def should_stop(self, probs: torch.Tensor, step: int) -> bool:
+        """Stop before drafting position ``step``, given the drafter's distribution there.
+
+        Called at every position, step 0 included (so rules can track history); the drafter
+        ignores a stop at step 0 — the first token is always drafted.
+        """
+
+    def after_round(self, drafted: int, accepted: int) -> None:
+        """Verification accepted ``accepted`` of ``drafted`` draft tokens."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rule": self.name}
+
+
+StopFactory = Callable[..., StopRule]
+STOP_RULES: Registry[StopFactory] = Registry("stopping rule")
+
+
+@STOP_RULES.register("static")
+class Static(StopRule):
+    """Never stop early: draft the whole budget (static-k with draft length k)."""
+
+    name = "static"
+
+    def should_stop(self, probs: torch.Tensor, step: int) -> bool:
+        return False
+
+
+@STOP_RULES.register("max-confidence")
+class MaxConfidence(StopRule):
+    """Stop if the drafter's top probability < h (h = 0.8)."""
+
+    def __init__(self, *, h: float = 0.8) -> None:
+        self.name, self.h = "max-confidence", h
+
+    def should_stop(self, probs: torch.Tensor, step: int) -> bool:
+        return float(probs.max()) < self.h
+
+
+@STOP_RULES.register("svip")
+class Svip(StopRule):
+    """SVIP: stop if sqrt(entropy) > h (h = 0.6)."""
+
+    def __init__(self, *, h: float = 0.6) -> None:
+        self.name, self.h = "svip", h
+
+    def should_stop(self, probs: torch.Tensor, step: int) -> bool:
+        return math.sqrt(entropy(probs)) > self.h
+
+
+@STOP_RULES.register("svip-difference")
+class SvipDifference(StopRule):
+    """Stop if sqrt(H_t) − sqrt(H_{t−1}) > h (h = 0.2): a spike in uncertainty."""
+
+    def __init__(self, *, h: float = 0.2) -> None:
+        self.name, self.h = "svip-difference", h
+        self.previous: float | None = None
+
+    def start_draft(self) -> None:
+        self.previous = None
+
+    def should_stop(self, probs: torch.Tensor, step: int) -> bool:
+        current = math.sqrt(entropy(probs))
+        spike = self.previous is not None and current - self.previous > self.h
+        self.previous = current
+        return spike
+
+
+@STOP_RULES.register("logit-margin")
+class LogitMargin(StopRule):
+    """Stop if p(top-1) − p(top-2) < h (h = 0.2)."""
+
+    def __init__(self, *, h: float = 0.2) -> None:
+        self.name, self.h = "logit-margin", h
+
+    def should_stop(self, probs: torch.Tensor, step: int) -> bool:
+        first, second = top2(probs)
+        return first - second < self.h
+
+
+def adaedl_threshold(lam: float, rate: float, target: float, beta2: float, eps: float) -> float:
+    """λ_{t+1} = β2·λ_t + (1 − β2)·(λ_t + ε·sign(α − rate)): raise λ (stop earlier) when the
+    acceptance rate falls below its target α, lower it when above."""
+    sign = (target > rate) - (target < rate)
+    return beta2 * lam + (1 - beta2) * (lam + eps * sign)
+
+
+@STOP_RULES.register("adaedl")
+class AdaEDL(StopRule):
+    """AdaEDL: stop if 1 − sqrt(γ·H) < λ_t, λ adapted after each draft toward acceptance rate α.
+
+    TapOut App. A.1 gives the update but no values: the defaults here (γ = 1, λ₀ = 0.4 — at the
+    start equivalent to SVIP's sqrt(H) > 0.6 —, α = 0.8, β1 = β2 = 0.9, ε = 0.01) are ours. The
+    paper writes sign(α − r_t) with the raw rate although it also smooths the rate with β1; we
+    use the smoothed rate, which is what the smoothing is for.
+    """
+
+    def __init__(self, *, gamma: float = 1.0, lam: float = 0.4, target: float = 0.8, beta1: float = 0.9,
+                 beta2: float = 0.9, eps: float = 0.01) -> None:
+        self.name = "adaedl"
+        self.gamma, self.lam0, self.target, self.beta1, self.beta2, self.eps = gamma, lam, target, beta1, beta2, eps
+        self.lam, self.rate = lam, target
+
+    def should_stop(self, probs: torch.Tensor, step: int) -> bool:
+        return 1.0 - math.sqrt(self.gamma * entropy(probs)) < self.lam
+
+    def after_round(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        self.rate = self.beta1 * self.rate + (1 - self.beta1) * accepted / drafted
+        self.lam = adaedl_threshold(self.lam, self.rate, self.target, self.beta2, self.eps)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rule": self.name, "lambda": self.lam, "rate": self.rate}
+
+
+def make_stop_rule(spec: str) -> StopRule:
+    """``"svip"``, ``"max-confidence:h=0.7"``, ``"adaedl:target=0.9"`` → a fresh rule."""
+    name, raw = split_spec(spec)
+    factory = STOP_RULES.get(name)
+    return factory(**typed_options(f"stopping rule {name!r}", raw, keyword_defaults(factory)))
+
+
+def stop_rule_names() -> list[str]:
+    return list(STOP_RULES)
+
+
+def validate_stop_spec(spec: str) -> None:
+    if not spec:
+        raise DraftwiseError("empty stopping rule; valid: " + ", ".join(stop_rule_names()))
+    make_stop_rule(spec)
