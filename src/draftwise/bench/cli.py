@@ -1,0 +1,103 @@
+"""``draftwise bench``: every method on real prompts, side by side with transformers; tables and plots.
+
+Exit status: 0 when every greedy output equals ``ar``'s, 1 when any differs (a losslessness
+failure: the rows and reports are still written), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from draftwise.bench.runner import DEFAULT_METHODS, DEFAULT_POOL, DEFAULT_TARGET, ZOO_DEV_PER_DOMAIN, BenchConfig
+
+MISMATCH_EXIT = 1
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark methods on prompt sets: speedup, MAT, tables and plots",
+        description="Run every prompt × method × repeat, append one row per run to OUT/results.jsonl (rerunning "
+        "on the same OUT resumes), then write summary.json / .md / .csv, env.json and PNG plots. Speedups are "
+        "against 'ar' (plain decoding) on the same prompts in the same run. Greedy outputs must equal ar's: any "
+        "mismatch makes the command exit 1.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="methods: ar, hf-ar, default, fixed:NAME, fixed:*, random, any policy or preset (ucb, "
+        "ucb:beta=0.1, hedgespec, …; POLICY@K = first K drafters), policies:*, router, oracle, hf-assisted:NAME "
+        "(,schedule=constant|heuristic|default), hf-assisted:*, hf-pld. See docs/bench.md.",
+    )
+    p.add_argument("--out", required=True, help="output folder (created; an existing one is resumed)")
+    p.add_argument("--data", action="append", default=[], metavar="FILE",
+                   help="prompt JSONL (repeatable): {prompt, domain} or Spec-Bench/MT-Bench {question_id, category, "
+                   "turns}; default: the zoo's held-out dev split")
+    p.add_argument("--turns", choices=("first", "all"), default="first",
+                   help="MT-Bench style files: the first turn only (default) or one prompt per turn")
+    p.add_argument("--methods", action="append", default=None, metavar="A,B,...",
+                   help=f"methods to compare (repeatable; ar is always added); default: {','.join(DEFAULT_METHODS)}")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="most new tokens per prompt (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default; outputs checked against ar)")
+    p.add_argument("--top-k", type=int, default=None, help="sampling: top-k")
+    p.add_argument("--top-p", type=float, default=None, help="sampling: nucleus mass")
+    p.add_argument("--repeats", type=int, default=1, help="timed repeats of every run (mean ± std; default 1)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="parallel processes, prompts split among them, each timing its own ar (default 1)")
+    p.add_argument("--ray", metavar="ADDRESS", default=None,
+                   help="run on a Ray cluster (ADDRESS, 'auto' or 'local'); needs pip install 'draftwise[ray]'")
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
+    p.add_argument("--drafter", action="append", default=None, metavar="SPEC",
+                   help=f"drafter pool (repeatable; default {' '.join(DEFAULT_POOL)})")
+    p.add_argument("--draft-len", type=int, default=4, help="draft tokens per round (default 4; peers too)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
+    p.add_argument("--per-domain", type=int, default=None,
+                   help=f"prompts kept per domain (default: all of --data; {ZOO_DEV_PER_DOMAIN} of the zoo dev set)")
+    p.add_argument("--zoo-corpus", default=None, metavar="DIR",
+                   help="zoo build folder or its corpus folder (held-out dev split, router training split); "
+                   "default $DRAFTWISE_ZOO_CORPUS, then a corpus shipped with the zoo")
+    p.add_argument("--router-train", default=None, metavar="FILE",
+                   help="router training JSONL: prompt + drafter (or domain) per line (default: the zoo train split)")
+    p.add_argument("--warmup-tokens", type=int, default=16, help="length of each method's untimed warm-up run (0: none)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
+    p.add_argument("--dtype", default="float32", help="model dtype (default float32)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    from draftwise.bench.methods import split_methods
+
+    methods = [m for text in (args.methods or [",".join(DEFAULT_METHODS)]) for m in split_methods(text)]
+    return BenchConfig(
+        out=args.out, data=tuple(args.data), methods=tuple(methods), target=args.target,
+        drafters=tuple(args.drafter if args.drafter is not None else DEFAULT_POOL),
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        repeats=args.repeats, draft_len=args.draft_len, seed=args.seed, turns=args.turns, per_domain=args.per_domain,
+        zoo_corpus=args.zoo_corpus, router_train=args.router_train, warmup_tokens=args.warmup_tokens,
+        workers=args.workers, ray=args.ray, threads=args.threads, dtype=args.dtype, progress=not args.quiet,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from draftwise.bench.report import total_mismatches, write_reports
+    from draftwise.bench.runner import run_bench
+
+    config = config_from_args(args)
+    torch.set_num_threads(config.threads)
+    result = run_bench(config)
+    out = Path(config.out)
+    full = write_reports(out, result.rows, result.methods, result.env, greedy=config.temperature == 0,
+                         plots=not args.no_plots)
+    print((out / "summary.md").read_text())
+    print(f"{result.new_rows} new rows, {len(result.rows)} in total; results in {out}", file=sys.stderr)
+    mismatches = total_mismatches(full)
+    if mismatches:
+        bad = [m for m, v in full.items() if v["overall"]["mismatches"]]
+        print(f"draftwise bench: error: {mismatches} output(s) differ from ar's greedy output "
+              f"(methods: {', '.join(bad)}); see {out / 'results.jsonl'}", file=sys.stderr)
+        return MISMATCH_EXIT
+    return 0

@@ -1,0 +1,210 @@
+"""Prompt sets for ``draftwise bench``: JSONL files in two shapes, or the zoo's held-out dev split.
+
+Accepted line shapes (one JSON object per line; the shape is detected per line):
+
+* plain — ``{"prompt": "...", "domain": "code"}`` (``domain`` optional, default ``"all"``;
+  an ``id`` field is kept when present);
+* Spec-Bench / MT-Bench — ``{"question_id": 81, "category": "writing", "turns": ["...", "..."]}``:
+  the category becomes the domain; the first turn is the prompt unless ``turns="all"``, which
+  makes one prompt per turn, each carrying the earlier turns as context.
+
+Every prompt gets a stable id (``FILE:LINE`` or ``FILE:QUESTION_ID[#TURN]``) so that results
+can be resumed and joined across methods.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from draftwise.errors import DraftwiseError
+from draftwise.registry import Registry
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DOMAIN = "all"
+TURN_CHOICES = ("first", "all")
+CORPUS_ENV = "DRAFTWISE_ZOO_CORPUS"  # a zoo corpus folder (dev/DOMAIN.jsonl) or a zoo build folder
+SHAPES_HELP = ("each line must be one JSON object: {\"prompt\": ..., \"domain\": ...} or Spec-Bench/MT-Bench "
+               "{\"question_id\": ..., \"category\": ..., \"turns\": [...]}")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    text: str
+    domain: str
+
+
+# A line shape: (does this object have the shape?, object + turns mode + id stem → prompts).
+Shape = tuple[Callable[[dict], bool], Callable[[dict, str, str], list[Prompt]]]
+SHAPES: Registry[Shape] = Registry("prompt line shape")
+
+
+def _plain(obj: dict, turns: str, stem: str) -> list[Prompt]:
+    text = obj["prompt"]
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("'prompt' must be a non-empty string")
+    pid = f"{stem.rsplit(':', 1)[0]}:{obj['id']}" if "id" in obj else stem
+    return [Prompt(pid, text, str(obj.get("domain") or DEFAULT_DOMAIN))]
+
+
+def _mt_bench(obj: dict, turns: str, stem: str) -> list[Prompt]:
+    all_turns = obj["turns"]
+    if not isinstance(all_turns, list) or not all_turns or not all(isinstance(t, str) and t.strip() for t in all_turns):
+        raise ValueError("'turns' must be a non-empty list of non-empty strings")
+    domain = str(obj.get("category") or DEFAULT_DOMAIN)
+    base = f"{stem.rsplit(':', 1)[0]}:{obj.get('question_id', stem.rsplit(':', 1)[-1])}"
+    if turns == "first":
+        return [Prompt(base, all_turns[0], domain)]
+    # Later turns carry the earlier ones as context (the model's own answers are not part of a
+    # prompt file, and under greedy decoding they would be identical for every method anyway).
+    return [Prompt(f"{base}#{i + 1}", "\n\n".join(all_turns[: i + 1]), domain) for i in range(len(all_turns))]
+
+
+SHAPES.register("plain")((lambda obj: "prompt" in obj, _plain))
+SHAPES.register("mt-bench")((lambda obj: "turns" in obj, _mt_bench))
+
+
+def parse_line(line: str, turns: str, stem: str) -> list[Prompt]:
+    """Prompts of one JSONL line; raises ``ValueError`` with what was wrong."""
+    obj: Any = json.loads(line)
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    for _name, (matches, build) in SHAPES.items():
+        if matches(obj):
+            return build(obj, turns, stem)
+    raise ValueError(f"no 'prompt' or 'turns' field (keys: {', '.join(sorted(obj)) or 'none'})")
+
+
+def load_prompt_file(path: str | Path, turns: str = "first") -> list[Prompt]:
+    """Every prompt of one JSONL file; a bad line raises with its file name and line number."""
+    if turns not in TURN_CHOICES:
+        raise DraftwiseError(f"turns must be one of {', '.join(TURN_CHOICES)}, got {turns!r}")
+    path = Path(path)
+    if not path.is_file():
+        raise DraftwiseError(f"prompt file {path} not found (expected a JSONL file; {SHAPES_HELP})")
+    prompts: list[Prompt] = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                prompts.extend(parse_line(line, turns, f"{path.name}:{number}"))
+            except (ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
+                raise DraftwiseError(f"{path}, line {number}: {exc}; {SHAPES_HELP}") from None
+    if not prompts:
+        raise DraftwiseError(f"prompt file {path} holds no prompts; {SHAPES_HELP}")
+    return prompts
+
+
+def load_prompt_files(paths: Sequence[str | Path], turns: str = "first") -> list[Prompt]:
+    prompts = [p for path in paths for p in load_prompt_file(path, turns)]
+    return unique_ids(prompts)
+
+
+def unique_ids(prompts: list[Prompt]) -> list[Prompt]:
+    """Suffix repeated ids (the same file given twice) so every row key stays unique."""
+    seen: dict[str, int] = {}
+    out = []
+    for p in prompts:
+        n = seen.get(p.id, 0)
+        seen[p.id] = n + 1
+        out.append(p if n == 0 else Prompt(f"{p.id}~{n + 1}", p.text, p.domain))
+    return out
+
+
+def limit_per_domain(prompts: list[Prompt], per_domain: int | None) -> list[Prompt]:
+    """Keep the first ``per_domain`` prompts of each domain (file order)."""
+    if per_domain is None:
+        return prompts
+    counts: dict[str, int] = {}
+    kept = []
+    for p in prompts:
+        if counts.get(p.domain, 0) < per_domain:
+            counts[p.domain] = counts.get(p.domain, 0) + 1
+            kept.append(p)
+    return kept
+
+
+# ----------------------------------------------------------------------------- built-in dev set
+
+
+def zoo_corpus_candidates(explicit: str | Path | None = None) -> list[Path]:
+    """Where the zoo's held-out splits may live, in the order they are tried.
+
+    Adapter: the zoo ships its models, and its corpus lives in the build folder
+    (``BUILD/corpus/{dev,test}/DOMAIN.jsonl``); a corpus shipped next to the models is used
+    when the zoo starts shipping one.
+    """
+    candidates: list[Path] = []
+    for value in (explicit, os.environ.get(CORPUS_ENV)):
+        if value:
+            candidates += [Path(value), Path(value) / "corpus"]
+    try:
+        from draftwise.zoo.load import shipped_models_dir
+
+        models = shipped_models_dir()
+        candidates += [models / "corpus", models.parent / "corpus"]
+    except ImportError:  # no zoo package in this installation
+        pass
+    return candidates
+
+
+def find_zoo_corpus(explicit: str | Path | None = None, split: str = "dev") -> Path:
+    for folder in zoo_corpus_candidates(explicit):
+        if (folder / split).is_dir() and any((folder / split).glob("*.jsonl")):
+            return folder
+    if explicit:
+        raise DraftwiseError(f"no zoo corpus at {explicit}: expected {split}/DOMAIN.jsonl there or under corpus/")
+    raise DraftwiseError(
+        "no prompts: pass --data FILE, or point --zoo-corpus (or $" + CORPUS_ENV + ") at a zoo build folder "
+        "or its corpus folder (it holds the held-out dev/test splits per domain)"
+    )
+
+
+def read_split_examples(folder: Path, split: str, kind: str) -> dict[str, list[dict]]:
+    """Examples of one split, per domain (file stem), as dicts with ``instruction``."""
+    out: dict[str, list[dict]] = {}
+    for path in sorted((folder / split).glob("*.jsonl")):
+        with open(path, encoding="utf-8") as handle:
+            rows = []
+            for number, line in enumerate(handle, start=1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except ValueError as exc:
+                        raise DraftwiseError(f"{path}, line {number}: {exc} ({kind} split of the zoo corpus)") from None
+        out[path.stem] = rows
+    return out
+
+
+def zoo_prompts(folder: Path, split: str, per_domain: int | None, seed: int) -> list[Prompt]:
+    """Held-out prompts per domain, sampled with ``seed`` (recorded in env.json)."""
+    rng = np.random.default_rng(seed)
+    prompts: list[Prompt] = []
+    for domain, rows in read_split_examples(folder, split, split).items():
+        order = rng.permutation(len(rows)) if per_domain is not None and per_domain < len(rows) else range(len(rows))
+        chosen = sorted(order[:per_domain]) if per_domain is not None else list(order)
+        prompts += [Prompt(f"zoo-{split}:{domain}:{i}", rows[i]["instruction"], domain) for i in chosen]
+    if not prompts:
+        raise DraftwiseError(f"the zoo corpus at {folder} has an empty {split} split")
+    return prompts
+
+
+def zoo_training_texts(folder: Path, per_domain: int, seed: int) -> tuple[list[str], list[str]]:
+    """Training instructions and their domains (the router's training set), capped per domain."""
+    rng = np.random.default_rng(seed)
+    texts: list[str] = []
+    labels: list[str] = []
+    for domain, rows in read_split_examples(folder, "train", "train").items():
+        take = rng.permutation(len(rows))[:per_domain]
+        texts += [rows[i]["instruction"] for i in sorted(take)]
+        labels += [domain] * len(take)
+    return texts, labels

@@ -1,0 +1,383 @@
+"""What ``draftwise bench`` can compare: a registry of methods, named by spec strings.
+
+* ``ar`` — plain decoding with draftwise's engine (no drafter): the baseline of every speedup;
+* ``hf-ar`` — transformers' own greedy/sampled ``generate``;
+* ``default`` — the library's default policy over the whole pool;
+* any registered policy or preset (``ucb``, ``exp3:gamma=0.4``, ``hedgespec``, ``random``, …) over
+  the whole pool; ``POLICY@K`` uses only the first K drafters (MAT vs number of drafters);
+* ``fixed:NAME`` — one drafter of the pool, alone (``pld`` and ``suffix`` included);
+* ``router`` — a TF-IDF + logistic-regression classifier routes each prompt to one drafter;
+* ``oracle`` — the best single drafter per domain in hindsight (derived from ``fixed:*`` rows);
+* ``hf-assisted:NAME`` — transformers assisted generation with that LM drafter
+  (``schedule=constant`` k tokens, confidence threshold 0 — the default; ``schedule=heuristic``;
+  ``schedule=default`` — transformers' own defaults);
+* ``hf-pld`` — transformers prompt-lookup decoding (``hf-pld:tokens=10,ngram=2``).
+
+Groups expand against the pool: ``fixed:*``, ``hf-assisted:*``, ``policies:*`` (every registered
+policy and preset except the fixed/random/round-robin baselines).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+from draftwise.errors import DraftwiseError
+from draftwise.options import split_spec, typed_options
+from draftwise.registry import Registry
+
+log = logging.getLogger(__name__)
+
+BASELINE = "ar"
+BASELINE_POLICIES = ("fixed", "random", "round-robin")  # not learners: left out of ``policies:*``
+GROUPS = ("fixed:*", "hf-assisted:*", "policies:*")
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+
+@dataclass
+class Output:
+    """One generation: tokens, measured wall time, statistics and a compact per-round trace."""
+
+    token_ids: list[int]
+    wall_s: float
+    stats: dict[str, Any] = field(default_factory=dict)
+    trace: dict[str, list] = field(default_factory=dict)
+
+
+class Method(Protocol):
+    name: str
+
+    def run(self, ids: list[int], text: str, seed: int, settings: DecodeSettings) -> Output: ...
+
+
+@dataclass
+class Workbench:
+    """What one process loads once: the target, its tokenizer, a pristine drafter pool, the router."""
+
+    model: Any
+    tokenizer: Any
+    pool: list[Any]  # never generated with: each method gets fresh copies (drafters keep state)
+    draft_len: int
+    seed: int
+    drafter_domains: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    router: Any = None
+
+    @property
+    def drafter_names(self) -> list[str]:
+        return [d.name for d in self.pool]
+
+    @property
+    def lm_names(self) -> list[str]:
+        return [d.name for d in self.pool if hasattr(d, "lm")]
+
+    def fresh_pool(self, names: Sequence[str] | None = None) -> list[Any]:
+        """New drafter objects: LM drafters share the weights, stateful drafters start empty."""
+        from draftwise.drafters import LMDrafter
+
+        chosen = [d for d in self.pool if names is None or d.name in names]
+        return [LMDrafter(d.lm.model, name=d.name, source=d.source) if isinstance(d, LMDrafter) else copy.deepcopy(d)
+                for d in chosen]
+
+    def generator(self, policy: str, names: Sequence[str] | None = None) -> Any:
+        from draftwise.api import Generator
+
+        return Generator(self.model, self.tokenizer, self.fresh_pool(names), policy=policy,
+                         draft_len=self.draft_len, seed=self.seed)
+
+    def lm_model(self, name: str) -> Any:
+        for d in self.pool:
+            if d.name == name and hasattr(d, "lm"):
+                return d.lm.model
+        raise DraftwiseError(f"no LM drafter {name!r} in the pool; LM drafters: {', '.join(self.lm_names) or 'none'}")
+
+
+MethodFactory = Callable[[Workbench, str], Method]
+
+
+@dataclass(frozen=True)
+class MethodKind:
+    build: MethodFactory | None  # None: derived from other methods' rows, never run
+    summary: str
+
+
+METHODS: Registry[MethodKind] = Registry("bench method")
+
+
+def register_method(name: str, summary: str, derived: bool = False) -> Callable[[MethodFactory], MethodFactory]:
+    """Register a method kind; ``name:ARG`` specs reach the factory with ``ARG``."""
+
+    def decorate(factory: MethodFactory) -> MethodFactory:
+        METHODS.register(name)(MethodKind(None if derived else factory, summary))
+        return factory
+
+    return decorate
+
+
+# ----------------------------------------------------------------------------- engine methods
+
+
+def compact_trace(records: Sequence[Any]) -> dict[str, list]:
+    """What the plots need from each round: the arm played, what it got, the policy's reward."""
+    return {
+        "arm": [r.arm_name for r in records],
+        "accepted": [r.accepted for r in records],
+        "emitted": [r.emitted for r in records],
+        "reward": [None if r.reward is None else round(float(r.reward), 5) for r in records],
+    }
+
+
+STAT_KEYS = ("new_tokens", "rounds", "target_calls", "drafted", "accepted", "draft_s", "verify_s", "policy_s",
+             "eval_s", "other_s", "pulls", "stopped_by")
+
+
+@dataclass
+class EngineMethod:
+    name: str
+    generator: Any
+
+    def run(self, ids: list[int], text: str, seed: int, settings: DecodeSettings) -> Output:
+        start = time.perf_counter()
+        result = self.generator.generate(ids, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                                         top_k=settings.top_k, top_p=settings.top_p, seed=seed)
+        wall = time.perf_counter() - start
+        stats = result.stats.to_dict()
+        return Output(list(result.token_ids), wall, {k: stats[k] for k in STAT_KEYS}, compact_trace(result.trace))
+
+
+@register_method("ar", "plain decoding with draftwise's engine, no drafter: the baseline of every speedup")
+def _ar(bench: Workbench, arg: str) -> Method:
+    from draftwise.api import Generator
+
+    return EngineMethod("ar", Generator(bench.model, bench.tokenizer, [], policy="fixed", seed=bench.seed))
+
+
+@register_method("default", "the library's default policy over the whole pool")
+def _default(bench: Workbench, arg: str) -> Method:
+    from draftwise.api import DEFAULT_POLICY
+
+    return EngineMethod("default", bench.generator(DEFAULT_POLICY))
+
+
+@register_method("fixed", "one drafter of the pool alone: fixed:NAME")
+def _fixed(bench: Workbench, arg: str) -> Method:
+    if arg not in bench.drafter_names:
+        raise DraftwiseError(f"method fixed:{arg}: no drafter {arg!r}; drafters: {', '.join(bench.drafter_names)}")
+    return EngineMethod(f"fixed:{arg}", bench.generator("fixed", [arg]))
+
+
+def policy_method(bench: Workbench, spec: str) -> Method:
+    """Any registered policy or preset over the pool (``POLICY@K``: the first K drafters)."""
+    policy, _, size = spec.partition("@")
+    names = None
+    if size:
+        if not size.isdigit() or not 1 <= int(size) <= len(bench.pool):
+            raise DraftwiseError(f"method {spec!r}: @K needs 1 ≤ K ≤ {len(bench.pool)} (the pool size)")
+        names = bench.drafter_names[: int(size)]
+    return EngineMethod(spec, bench.generator(policy, names))
+
+
+@dataclass
+class RouterMethod:
+    name: str
+    router: Any
+    table: dict[str, str]
+    generators: dict[str, Any]
+
+    def run(self, ids: list[int], text: str, seed: int, settings: DecodeSettings) -> Output:
+        start = time.perf_counter()
+        drafter = self.table[self.router.predict([text])[0]]  # routing time counts: the router runs per query
+        out = EngineMethod(self.name, self.generators[drafter]).run(ids, text, seed, settings)
+        out.wall_s = time.perf_counter() - start
+        out.stats["routed_to"] = drafter
+        return out
+
+
+@register_method("router", "TF-IDF + logistic regression on the prompt routes each query to one drafter")
+def _router(bench: Workbench, arg: str) -> Method:
+    from draftwise.bench.router import route_table
+
+    if bench.router is None:
+        raise DraftwiseError("method router: no router was trained (it needs --router-train FILE or the zoo corpus)")
+    names = bench.drafter_names
+    fallback = "generalist" if "generalist" in names else (bench.lm_names or names)[0]
+    table = route_table(bench.router.labels, names, bench.drafter_domains, fallback)
+    generators = {d: bench.generator("fixed", [d]) for d in sorted(set(table.values()))}
+    return RouterMethod("router", bench.router, table, generators)
+
+
+@register_method("oracle", "the best single drafter per domain in hindsight (from the fixed:* rows)", derived=True)
+def _oracle(bench: Workbench, arg: str) -> Method:
+    raise AssertionError("derived method: never run")
+
+
+# ----------------------------------------------------------------------------- transformers peers
+
+
+def count_forwards(model: Any) -> tuple[list[int], Any]:
+    """A forward hook counting the target's forward passes (the peers' target calls)."""
+    calls = [0]
+
+    def hook(*_: Any) -> None:
+        calls[0] += 1
+
+    return calls, model.register_forward_hook(hook)
+
+
+def eos_ids(model: Any) -> set[int]:
+    value = getattr(model.generation_config, "eos_token_id", None)
+    return {value} if isinstance(value, int) else set(value or ())
+
+
+@dataclass
+class HFMethod:
+    """transformers ``generate`` with extra keyword arguments (an assistant, prompt lookup, nothing)."""
+
+    name: str
+    model: Any
+    kwargs: dict[str, Any]
+
+    def run(self, ids: list[int], text: str, seed: int, settings: DecodeSettings) -> Output:
+        import torch
+
+        x = torch.tensor([ids])
+        sample = settings.temperature > 0
+        kwargs: dict[str, Any] = dict(attention_mask=torch.ones_like(x), max_new_tokens=settings.max_new_tokens,
+                                      do_sample=sample, **self.kwargs)
+        if sample:
+            kwargs.update(temperature=settings.temperature, top_k=settings.top_k or 0, top_p=settings.top_p or 1.0)
+            torch.manual_seed(seed)  # transformers samples from torch's global generator
+        calls, handle = count_forwards(self.model)
+        try:
+            start = time.perf_counter()
+            with torch.inference_mode():
+                out = self.model.generate(x, **kwargs)
+            wall = time.perf_counter() - start
+        finally:
+            handle.remove()
+        new = out[0, len(ids):].tolist()
+        eos = eos_ids(self.model)
+        cut = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))  # the engine keeps the EOS token too
+        stats = {"new_tokens": cut, "rounds": calls[0], "target_calls": calls[0],
+                 "stopped_by": "eos" if cut < len(new) or (new and new[-1] in eos) else "max_new_tokens"}
+        return Output(new[:cut], wall, stats, {})
+
+
+@register_method("hf-ar", "transformers' own generate, no drafter")
+def _hf_ar(bench: Workbench, arg: str) -> Method:
+    return HFMethod("hf-ar", bench.model, {})
+
+
+SCHEDULES = ("constant", "heuristic", "default")
+
+
+@register_method("hf-assisted", "transformers assisted generation: hf-assisted:NAME[,schedule=constant|heuristic|default]")
+def _hf_assisted(bench: Workbench, arg: str) -> Method:
+    drafter, raw = split_spec(arg.replace(",", ":", 1)) if "," in arg else (arg, {})
+    options = typed_options(f"method hf-assisted:{drafter}", raw, {"schedule": "constant"})
+    schedule = options.get("schedule", "constant")
+    if schedule not in SCHEDULES:
+        raise DraftwiseError(f"method hf-assisted:{arg}: schedule must be one of {', '.join(SCHEDULES)}")
+    kwargs: dict[str, Any] = {"assistant_model": bench.lm_model(drafter)}
+    if schedule != "default":  # threshold 0: a constant-k comparison (MEASURED.md); 'default' = transformers' own
+        kwargs.update(num_assistant_tokens=bench.draft_len, num_assistant_tokens_schedule=schedule,
+                      assistant_confidence_threshold=0.0)
+    name = f"hf-assisted:{drafter}" + ("" if schedule == "constant" else f",schedule={schedule}")
+    return HFMethod(name, bench.model, kwargs)
+
+
+@register_method("hf-pld", "transformers prompt-lookup decoding: hf-pld[:tokens=K,ngram=N]")
+def _hf_pld(bench: Workbench, arg: str) -> Method:
+    _, raw = split_spec(f"hf-pld:{arg}")
+    options = {"tokens": bench.draft_len, "ngram": 2, **typed_options("method hf-pld", raw, {"tokens": 0, "ngram": 0})}
+    return HFMethod("hf-pld" + (f":{arg}" if arg else ""), bench.model,
+                    {"prompt_lookup_num_tokens": options["tokens"], "max_matching_ngram_size": options["ngram"]})
+
+
+# ----------------------------------------------------------------------------- resolution
+
+
+def split_methods(text: str) -> list[str]:
+    """Split a comma-separated method list, keeping policy options together.
+
+    >>> split_methods("ar,ucb:beta=0.1,reward=be,fixed:pld")
+    ['ar', 'ucb:beta=0.1,reward=be', 'fixed:pld']
+    """
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if out and "=" in part and ":" not in part:  # key=value continues the previous spec's options
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
+
+
+def method_head(spec: str) -> str:
+    return spec.split(":", 1)[0].split("@", 1)[0]
+
+
+def is_policy(spec: str) -> bool:
+    from draftwise.policies import POLICIES
+
+    return method_head(spec) in POLICIES and method_head(spec) not in METHODS
+
+
+def learner_names() -> list[str]:
+    from draftwise.policies import POLICIES
+
+    return [name for name in POLICIES if name not in BASELINE_POLICIES]
+
+
+def expand_methods(specs: Sequence[str], drafters: Sequence[str], lm_drafters: Sequence[str]) -> list[str]:
+    """Expand groups, put ``ar`` first, add the ``fixed:*`` rows ``oracle`` needs, drop repeats."""
+    groups = {
+        "fixed:*": [f"fixed:{d}" for d in drafters],
+        "hf-assisted:*": [f"hf-assisted:{d}" for d in lm_drafters],
+        "policies:*": learner_names(),
+    }
+    out = [BASELINE]
+    for spec in specs:
+        out += groups.get(spec, [spec])
+    if "oracle" in out:
+        out += [f"fixed:{d}" for d in drafters]
+    return list(dict.fromkeys(out))
+
+
+def check_method(spec: str) -> None:
+    """Raise a clear error for a spec no registry knows (before any model is loaded)."""
+    head = method_head(spec)
+    if head in METHODS or is_policy(spec) or spec in GROUPS:
+        return
+    from draftwise.policies import POLICIES
+
+    raise DraftwiseError(
+        f"unknown method {spec!r}; valid: {', '.join(sorted(METHODS))}, a policy or preset "
+        f"({', '.join(POLICIES)}), or a group ({', '.join(GROUPS)})"
+    )
+
+
+def is_derived(spec: str) -> bool:
+    head = method_head(spec)
+    return head in METHODS and METHODS.get(head).build is None
+
+
+def build_method(bench: Workbench, spec: str) -> Method:
+    check_method(spec)
+    head = method_head(spec)
+    if head in METHODS:
+        kind = METHODS.get(head)
+        if kind.build is None:
+            raise DraftwiseError(f"method {spec!r} is derived from other rows and is never run")
+        return kind.build(bench, spec.partition(":")[2])
+    return policy_method(bench, spec)

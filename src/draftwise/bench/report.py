@@ -1,0 +1,379 @@
+"""Summaries derived from the raw rows: metrics per method × domain, paper-shaped tables, env.json.
+
+Definitions (every ratio against ``ar`` uses only the (prompt, repeat) pairs both have):
+
+* ``speedup`` — (Σ tokens / Σ seconds of the method) / (the same for ``ar``);
+* ``speedup_mean_of_prompts`` — Spec-Bench's: mean over prompts of each prompt's tokens/s,
+  divided by the same mean for ``ar``;
+* ``mat`` — Σ tokens / Σ target forwards; ``target_calls_per_token`` its inverse;
+* ``acceptance_rate`` — Σ accepted / Σ drafted (null for the transformers peers: not observable);
+* ``mismatches`` — rows whose tokens differ from ``ar``'s on the same prompt and repeat
+  (greedy only: sampled outputs legitimately differ);
+* ``regret`` (csv / md) — stopping-time regret: mean over prompts of the method's target calls
+  minus those of the best single drafter on that prompt in hindsight;
+* ``best_arm_ratio`` (csv / md) — share of rounds that played that best drafter.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+from collections import defaultdict
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from draftwise.bench.methods import BASELINE
+
+SUMMARY_KEYS = ("speedup", "speedup_mean_of_prompts", "tokens_per_s", "mat", "acceptance_rate",
+                "target_calls_per_token", "mismatches")
+EXTRA_KEYS = ("speedup_std", "regret", "best_arm_ratio", "prompts", "runs")
+ORACLE = "oracle"
+NO_DRAFTER = "none"  # the arm of plain decoding rounds
+OVERALL = "overall"
+FIXED = "fixed:"
+PACKAGES = ("draftwise", "torch", "transformers", "tokenizers", "safetensors", "numpy", "tqdm", "matplotlib", "ray")
+
+
+# ----------------------------------------------------------------------------- derived rows
+
+
+def pair(row: dict) -> tuple[str, int]:
+    return row["prompt_id"], row["repeat"]
+
+
+def speed(rows: Iterable[dict]) -> float:
+    rows = list(rows)
+    seconds = sum(r["wall_s"] for r in rows)
+    return sum(r["new_tokens"] for r in rows) / seconds if seconds > 0 else 0.0
+
+
+def oracle_rows(rows: Sequence[dict]) -> list[dict]:
+    """Per domain, the rows of the single drafter with the highest tokens/s there, relabelled ``oracle``."""
+    by_domain: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r["method"].startswith(FIXED):
+            by_domain[r["domain"]][r["method"]].append(r)
+    out = []
+    for domain, methods in by_domain.items():
+        best = max(sorted(methods), key=lambda m: speed(methods[m]))
+        out += [{**r, "method": ORACLE, "key": f"{r['prompt_id']}|{ORACLE}|{r['repeat']}", "oracle_of": best}
+                for r in methods[best]]
+    return out
+
+
+def with_derived(rows: Sequence[dict], methods: Sequence[str]) -> list[dict]:
+    rows = [r for r in rows if r["method"] != ORACLE]
+    return rows + (oracle_rows(rows) if ORACLE in methods else [])
+
+
+def mismatched_keys(rows: Sequence[dict], greedy: bool) -> set[str]:
+    """Keys of rows whose output differs from ``ar`` on the same prompt and repeat."""
+    if not greedy:
+        return set()
+    reference = {pair(r): r["token_ids"] for r in rows if r["method"] == BASELINE}
+    return {r["key"] for r in rows if pair(r) in reference and r["token_ids"] != reference[pair(r)]}
+
+
+def best_fixed(rows: Sequence[dict]) -> dict[tuple[str, int], tuple[str, int]]:
+    """(prompt, repeat) → (best single drafter's name, its target calls) in hindsight."""
+    best: dict[tuple[str, int], tuple[str, int]] = {}
+    for r in sorted(rows, key=lambda r: r["method"]):
+        if r["method"].startswith(FIXED) and r.get("target_calls") is not None:
+            calls = r["target_calls"]
+            if pair(r) not in best or calls < best[pair(r)][1]:
+                best[pair(r)] = (r["method"][len(FIXED):], calls)
+    return best
+
+
+def played_best(arm: str, best: str) -> bool:
+    # arms may carry a draft length (``code@4``): the drafter is the part before it
+    return arm == best or arm.split("@", 1)[0] == best
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def metrics(rows: Sequence[dict], baseline: Sequence[dict], mismatches: set[str],
+            best: dict[tuple[str, int], tuple[str, int]]) -> dict[str, Any]:
+    base = {pair(r): r for r in baseline}
+    rows = [r for r in rows if pair(r) in base]
+    if not rows:
+        return {k: None for k in SUMMARY_KEYS + EXTRA_KEYS}
+    ref = [base[pair(r)] for r in rows]
+    tokens = sum(r["new_tokens"] for r in rows)
+    calls = [r.get("target_calls") for r in rows]
+    drafted = [r.get("drafted") for r in rows]
+    out: dict[str, Any] = {
+        "speedup": ratio(speed(rows), speed(ref)),
+        "speedup_mean_of_prompts": ratio(mean_prompt_speed(rows), mean_prompt_speed(ref)),
+        "tokens_per_s": speed(rows),
+        "mat": tokens / sum(calls) if None not in calls and sum(calls) else None,
+        "acceptance_rate": (sum(r["accepted"] for r in rows) / sum(drafted)
+                            if None not in drafted and sum(drafted) else None),
+        "target_calls_per_token": sum(calls) / tokens if None not in calls and tokens else None,
+        "mismatches": sum(r["key"] in mismatches for r in rows),
+        "speedup_std": repeat_std(rows, base),
+        "regret": mean_or_none([r["target_calls"] - best[pair(r)][1] for r in rows
+                                if pair(r) in best and r.get("target_calls") is not None]),
+        "best_arm_ratio": best_arm_ratio(rows, best),
+        "prompts": len({r["prompt_id"] for r in rows}),
+        "runs": len(rows),
+    }
+    return out
+
+
+def ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def mean_or_none(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def mean_prompt_speed(rows: Sequence[dict]) -> float:
+    per_prompt: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        per_prompt[r["prompt_id"]].append(r)
+    return statistics.fmean(speed(v) for v in per_prompt.values())
+
+
+def repeat_std(rows: Sequence[dict], base: dict[tuple[str, int], dict]) -> float:
+    """Standard deviation of the overall speedup across repeats (0 with one repeat)."""
+    by_repeat: dict[int, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_repeat[r["repeat"]].append(r)
+    values = [ratio(speed(v), speed([base[pair(r)] for r in v])) or 0.0 for v in by_repeat.values()]
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def best_arm_ratio(rows: Sequence[dict], best: dict[tuple[str, int], tuple[str, int]]) -> float | None:
+    hits = total = 0
+    for r in rows:
+        arms = [a for a in (r.get("trace") or {}).get("arm") or [] if a != NO_DRAFTER]
+        if pair(r) in best and arms:
+            hits += sum(played_best(a, best[pair(r)][0]) for a in arms)
+            total += len(arms)
+    return hits / total if total else None
+
+
+def summarize_rows(rows: Sequence[dict], methods: Sequence[str], greedy: bool) -> dict[str, dict[str, Any]]:
+    """method → {"overall": metrics, "by_domain": {domain: metrics}}, with every extra key."""
+    rows = with_derived(rows, methods)
+    bad = mismatched_keys(rows, greedy)
+    best = best_fixed(rows)
+    by_method: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_method[r["method"]].append(r)
+    baseline = by_method.get(BASELINE, [])
+    domains = sorted({r["domain"] for r in rows})
+    out: dict[str, dict[str, Any]] = {}
+    for method in methods:
+        mine = by_method.get(method, [])
+        out[method] = {
+            OVERALL: metrics(mine, baseline, bad, best),
+            "by_domain": {d: metrics([r for r in mine if r["domain"] == d], [r for r in baseline if r["domain"] == d],
+                                     bad, best) for d in domains},
+        }
+    return out
+
+
+def summary_json(full: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The documented schema, exactly: the seven summary keys per method, overall and per domain."""
+    def keep(m: dict[str, Any]) -> dict[str, Any]:
+        return {k: m[k] for k in SUMMARY_KEYS}
+
+    return {"methods": {method: {OVERALL: keep(v[OVERALL]), "by_domain": {d: keep(m) for d, m in v["by_domain"].items()}}
+                        for method, v in full.items()}}
+
+
+def total_mismatches(full: dict[str, dict[str, Any]]) -> int:
+    return sum(v[OVERALL]["mismatches"] or 0 for v in full.values())
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def paper_table(full: dict[str, dict[str, Any]], key: str, digits: int = 2) -> str:
+    """Rows methods, columns domains then overall; the best non-baseline value of each column in bold."""
+    domains = sorted({d for v in full.values() for d in v["by_domain"]})
+    columns = domains + [OVERALL]
+
+    def cell(method: str, column: str) -> Any:
+        v = full[method]
+        return (v[OVERALL] if column == OVERALL else v["by_domain"].get(column, {})).get(key)
+
+    best = {}
+    for c in columns:
+        values = [cell(m, c) for m in full if m != BASELINE and cell(m, c) is not None]
+        best[c] = max(values) if values else None
+    lines = ["| method | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    for method in full:
+        cells = []
+        for c in columns:
+            value = cell(method, c)
+            text = fmt(value, digits)
+            cells.append(f"**{text}**" if value is not None and method != BASELINE and value == best[c] else text)
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def overall_table(full: dict[str, dict[str, Any]]) -> str:
+    head = ("method", "speedup", "mean-of-prompts", "tokens/s", "MAT", "acceptance", "calls/token", "regret",
+            "best-arm ratio", "mismatches", "runs")
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for method, v in full.items():
+        m = v[OVERALL]
+        speedup = "–" if m["speedup"] is None else f"{m['speedup']:.2f} ± {m['speedup_std']:.2f}"
+        cells = [speedup, fmt(m["speedup_mean_of_prompts"]), fmt(m["tokens_per_s"], 1), fmt(m["mat"]),
+                 fmt(m["acceptance_rate"]), fmt(m["target_calls_per_token"], 3), fmt(m["regret"], 1),
+                 fmt(m["best_arm_ratio"]), fmt(m["mismatches"]), fmt(m["runs"])]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def target_checks(full: dict[str, dict[str, Any]]) -> list[str]:
+    """The issue's targets for the default policy, where the compared methods were run."""
+    def overall(method: str, key: str = "speedup") -> float | None:
+        return full.get(method, {}).get(OVERALL, {}).get(key)
+
+    default = overall("default")
+    if default is None:
+        return []
+    fixed = [m for m in full if m.startswith(FIXED) and overall(m) is not None]
+    peers = [m for m in full if m.startswith("hf-assisted:") and "," not in m and overall(m) is not None]
+    checks = []
+    if fixed:
+        best = max(fixed, key=lambda m: overall(m))
+        checks.append(("≥ 1.1× the best single drafter", default, 1.1 * overall(best), best))
+    if overall(ORACLE) is not None:
+        checks.append(("≥ 0.9× the per-domain oracle's speedup", default, 0.9 * overall(ORACLE), ORACLE))
+        if overall("default", "mat") is not None and overall(ORACLE, "mat") is not None:
+            checks.append(("MAT ≥ 0.95× the oracle's", overall("default", "mat"), 0.95 * overall(ORACLE, "mat"),
+                           ORACLE))
+    if overall("router") is not None:
+        checks.append(("above the static router", default, overall("router") + 1e-12, "router"))
+    if peers:
+        best = max(peers, key=lambda m: overall(m))
+        checks.append(("≥ 1.2× transformers assisted (best drafter)", default, 1.2 * overall(best), best))
+    return [f"| {name} | {value:.3f} | {bar:.3f} ({against}) | {'yes' if value >= bar else 'no'} |"
+            for name, value, bar, against in checks]
+
+
+def markdown(full: dict[str, dict[str, Any]], env: dict[str, Any]) -> str:
+    config = env.get("config", {})
+    parts = [
+        "# draftwise bench",
+        f"Target `{config.get('target')}`, drafters `{', '.join(config.get('drafters', []))}`, "
+        f"max {config.get('max_new_tokens')} new tokens, temperature {config.get('temperature')}, "
+        f"draft length {config.get('draft_len')}, {config.get('repeats')} repeat(s), "
+        f"{env.get('prompts', {}).get('count')} prompts; git {env.get('git', {}).get('commit', '?')[:10]}.",
+        "## Speedup over `ar` (total tokens / total time)", paper_table(full, "speedup"),
+        "## Speedup, Spec-Bench style (mean of per-prompt speeds)", paper_table(full, "speedup_mean_of_prompts"),
+        "## Mean accepted tokens per target call (MAT)", paper_table(full, "mat"),
+        "## Overall", overall_table(full),
+    ]
+    checks = target_checks(full)
+    if checks:
+        parts += ["## Targets (default policy)",
+                  "| target | default | bar | met |\n|---|---:|---:|---|\n" + "\n".join(checks)]
+    return "\n\n".join(parts) + "\n"
+
+
+def write_csv(path: Path, full: dict[str, dict[str, Any]]) -> None:
+    keys = SUMMARY_KEYS + EXTRA_KEYS
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(("method", "domain") + keys)
+        for method, v in full.items():
+            for domain, m in [(OVERALL, v[OVERALL]), *sorted(v["by_domain"].items())]:
+                writer.writerow((method, domain) + tuple("" if m[k] is None else m[k] for k in keys))
+
+
+def write_reports(out: Path, rows: Sequence[dict], methods: Sequence[str], env: dict[str, Any], greedy: bool,
+                  plots: bool = True) -> dict[str, dict[str, Any]]:
+    """summary.json / .md / .csv and the plots; returns the full per-method metrics."""
+    full = summarize_rows(rows, methods, greedy)
+    (out / "summary.json").write_text(json.dumps(summary_json(full), indent=2))
+    (out / "summary.md").write_text(markdown(full, env))
+    write_csv(out / "summary.csv", full)
+    if plots:
+        from draftwise.bench.plots import write_plots
+
+        write_plots(out, with_derived(rows, methods), full, methods, len(env.get("pool", [])) or None)
+    return full
+
+
+# ----------------------------------------------------------------------------- env.json
+
+
+def git_info() -> dict[str, Any]:
+    here = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(git("status", "--porcelain", "--", "."))}
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def cpu_info() -> dict[str, Any]:
+    model = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"model": model, "count": os.cpu_count(), "machine": platform.machine(), "system": platform.platform(),
+            "python": platform.python_version()}
+
+
+def environment(config: Any, methods: Sequence[str], prompts: Sequence[Any], router: dict[str, Any] | None,
+                seed_rule: str, pool: Sequence[str] = ()) -> dict[str, Any]:
+    import torch
+
+    domains: dict[str, int] = defaultdict(int)
+    for p in prompts:
+        domains[p.domain] += 1
+    return {
+        "git": git_info(),
+        "versions": versions(),
+        "cpu": cpu_info(),
+        "torch_threads_per_worker": config.threads,
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "seeds": {"run": config.seed, "per_generation": seed_rule, "dev_set_sample": config.seed,
+                  "router": router["seed"] if router else None, "warmup": config.seed},
+        "config": asdict(config),
+        "methods": list(methods),
+        "drafters": list(config.drafters),
+        "pool": list(pool),
+        "prompts": {"count": len(prompts), "by_domain": dict(domains)},
+        "router": router,
+    }
