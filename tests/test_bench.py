@@ -1,0 +1,272 @@
+"""The benchmark harness: prompt files, methods, resume, reports, mismatch detection, workers, Ray.
+
+Tiny real models from conftest; a handful of prompts and a few new tokens each.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftwise.bench.datasets import load_prompt_file, load_prompt_files
+from draftwise.bench.methods import EngineMethod, Output, expand_methods, register_method, split_methods
+from draftwise.bench.report import SUMMARY_KEYS, mismatched_keys, oracle_rows, summarize_rows
+from draftwise.bench.router import route_table, train_router
+from draftwise.bench.runner import BenchConfig, read_rows, run_bench
+from draftwise.cli import main
+from draftwise.errors import DraftwiseError
+
+torch.set_num_threads(1)
+
+PROMPTS = [
+    {"prompt": "the cat sat on the mat and then", "domain": "animals"},
+    {"prompt": "the dog ran far and the cat sat", "domain": "animals"},
+    {"prompt": "def x ( y ) : return y + 1", "domain": "code"},
+    {"prompt": "for x in y : print ( x )", "domain": "code"},
+]
+MAX_NEW = 8
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_models, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("bench")
+    data = write_jsonl(root / "prompts.jsonl", PROMPTS)
+    router = write_jsonl(root / "router.jsonl", [
+        {"prompt": p["prompt"], "drafter": "llama-near" if p["domain"] == "code" else "pld"} for p in PROMPTS * 2])
+    return {"root": root, "data": str(data), "router": str(router), "models": tiny_models}
+
+
+def config(setup: dict, out: str, methods: str, **changes) -> BenchConfig:
+    m = setup["models"]
+    base = BenchConfig(out=str(setup["root"] / out), data=(setup["data"],), methods=tuple(split_methods(methods)),
+                       target=str(m["llama-target"]), drafters=(str(m["llama-near"]), str(m["llama-small"]), "pld"),
+                       max_new_tokens=MAX_NEW, warmup_tokens=2, router_train=setup["router"], progress=False)
+    return replace(base, **changes)
+
+
+def cli_args(cfg: BenchConfig) -> list[str]:
+    args = ["bench", "--out", cfg.out, "--target", cfg.target, "--max-new-tokens", str(cfg.max_new_tokens),
+            "--warmup-tokens", str(cfg.warmup_tokens), "--methods", ",".join(cfg.methods), "--quiet", "--no-plots"]
+    for d in cfg.data:
+        args += ["--data", d]
+    for d in cfg.drafters:
+        args += ["--drafter", d]
+    if cfg.router_train:
+        args += ["--router-train", cfg.router_train]
+    return args
+
+
+# ----------------------------------------------------------------------------- the full command
+
+
+@pytest.fixture(scope="module")
+def full_run(setup) -> tuple[BenchConfig, int]:
+    cfg = config(setup, "full", "ar,default,fixed:*,random,router,oracle,hf-assisted:llama-near,"
+                 "hf-assisted:llama-near,schedule=heuristic,hf-pld,ucb@2")
+    args = [a for a in cli_args(cfg) if a != "--no-plots"]
+    return cfg, main(args)
+
+
+def test_bench_writes_every_file_with_the_summary_schema(full_run):
+    cfg, code = full_run
+    assert code == 0
+    out = Path(cfg.out)
+    for name in ("results.jsonl", "summary.json", "summary.md", "summary.csv", "env.json", "speedup_by_domain.png",
+                 "best_arm_ratio.png", "arm_values.png", "cumulative_regret.png", "mat_vs_drafters.png"):
+        assert (out / name).exists(), name
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == {"methods"}
+    assert "oracle" in summary["methods"] and "fixed:pld" in summary["methods"]
+    for method, entry in summary["methods"].items():
+        assert set(entry) == {"overall", "by_domain"}, method
+        assert set(entry["overall"]) == set(SUMMARY_KEYS)
+        assert set(entry["by_domain"]) == {"animals", "code"}
+        for metrics in entry["by_domain"].values():
+            assert set(metrics) == set(SUMMARY_KEYS)
+        assert entry["overall"]["mismatches"] == 0
+    assert summary["methods"]["ar"]["overall"]["speedup"] == pytest.approx(1.0)
+    assert summary["methods"]["ar"]["overall"]["mat"] == pytest.approx(1.0)
+    env = json.loads((out / "env.json").read_text())
+    assert {"git", "versions", "cpu", "seeds", "config"} <= set(env)
+    assert env["config"]["max_new_tokens"] == MAX_NEW and env["seeds"]["run"] == 0
+    rows = read_rows(out / "results.jsonl")
+    methods = {r["method"] for r in rows}
+    assert "oracle" not in methods  # derived in the report, never run
+    assert len(rows) == len(PROMPTS) * len(methods) == len({r["key"] for r in rows})
+
+
+def test_router_routes_every_prompt_by_its_training_labels(full_run):
+    cfg, _ = full_run
+    routed = {r["prompt_id"]: r["routed_to"] for r in read_rows(Path(cfg.out) / "results.jsonl")
+              if r["method"] == "router"}
+    domains = {f"prompts.jsonl:{i + 1}": p["domain"] for i, p in enumerate(PROMPTS)}
+    assert routed == {pid: ("llama-near" if domains[pid] == "code" else "pld") for pid in domains}
+
+
+def test_router_trains_and_routes():
+    texts = ["def f(x): return x", "for i in range(3): print(i)", "select a from t where b = 1",
+             "select count(*) from users", "import os\ndef g(): pass", "select name from t order by name"] * 2
+    labels = ["code", "code", "sql", "sql", "code", "sql"] * 2
+    router = train_router(texts, labels, seed=0)
+    assert router.accuracy(texts, labels) == 1.0
+    assert router.predict(["def h(y): return y * 2", "select id from orders"]) == ["code", "sql"]
+    table = route_table(router.labels, ["code-drafter", "generalist", "pld"], {"code-drafter": ("code",)}, "generalist")
+    assert table == {"code": "code-drafter", "sql": "generalist"}
+
+
+def test_resume_after_an_interruption_never_loses_or_duplicates_a_row(setup):
+    calls = {"n": 0}
+
+    @register_method("test-interrupted", "ar, but Ctrl-C on its third run")
+    def _flaky(bench, arg):
+        inner = EngineMethod("test-interrupted", _plain(bench))
+
+        class Flaky:
+            name = "test-interrupted"
+
+            def run(self, ids, text, seed, settings):
+                calls["n"] += 1
+                if calls["n"] == 4 and settings.max_new_tokens == MAX_NEW:  # the 3rd timed run (1 warm-up before)
+                    raise KeyboardInterrupt
+                return inner.run(ids, text, seed, settings)
+
+        return Flaky()
+
+    cfg = config(setup, "resume", "test-interrupted,fixed:pld", repeats=2)
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(cfg)
+    results = Path(cfg.out) / "results.jsonl"
+    before = read_rows(results)
+    assert 0 < len(before) < len(PROMPTS) * 3 * 2
+    with open(results, "a") as handle:  # a row torn in the middle of its write
+        handle.write(json.dumps(before[-1])[:40])
+    result = run_bench(cfg)
+    keys = [json.loads(line)["key"] for line in results.read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == len(PROMPTS) * 3 * 2  # ar, test-interrupted, fixed:pld × 2 repeats
+    assert {r["key"] for r in before} <= set(keys)
+    assert result.new_rows == len(keys) - len(before)
+    assert run_bench(cfg).new_rows == 0  # nothing left to do
+
+
+def _plain(bench):
+    from draftwise.api import Generator
+
+    return Generator(bench.model, bench.tokenizer, [], policy="fixed")
+
+
+def test_a_mismatching_method_makes_the_command_exit_non_zero(setup, capsys):
+    @register_method("test-wrong", "ar with its last token changed")
+    def _wrong(bench, arg):
+        inner = EngineMethod("test-wrong", _plain(bench))
+
+        class Wrong:
+            name = "test-wrong"
+
+            def run(self, ids, text, seed, settings):
+                out = inner.run(ids, text, seed, settings)
+                return Output(out.token_ids[:-1] + [(out.token_ids[-1] + 1) % 50], out.wall_s, out.stats, out.trace)
+
+        return Wrong()
+
+    cfg = config(setup, "mismatch", "test-wrong,fixed:pld", data=(setup["data"],), router_train=None)
+    assert main(cli_args(cfg)) == 1
+    assert "differ from ar" in capsys.readouterr().err
+    summary = json.loads((Path(cfg.out) / "summary.json").read_text())
+    assert summary["methods"]["test-wrong"]["overall"]["mismatches"] == len(PROMPTS)
+    assert summary["methods"]["fixed:pld"]["overall"]["mismatches"] == 0
+
+
+def test_unknown_method_is_one_clear_error(setup, capsys):
+    cfg = config(setup, "unknown", "ar,no-such-method")
+    assert main(cli_args(cfg)) == 2
+    err = capsys.readouterr().err
+    assert "unknown method 'no-such-method'" in err and "fixed" in err and "hf-assisted" in err
+    assert not (Path(cfg.out) / "results.jsonl").exists()
+    with pytest.raises(DraftwiseError, match="no drafter 'nope'"):
+        run_bench(config(setup, "unknown2", "fixed:nope"))
+
+
+def test_workers_two_give_the_same_rows_as_one(setup):
+    methods = "fixed:llama-near,ucb"
+    one = run_bench(config(setup, "w1", methods))
+    two = run_bench(config(setup, "w2", methods, workers=2))
+    assert {r["key"]: r["token_ids"] for r in one.rows} == {r["key"]: r["token_ids"] for r in two.rows}
+    assert {r["worker"] for r in two.rows} == {0, 1}
+
+
+def test_ray_local_gives_the_same_rows(setup):
+    pytest.importorskip("ray")
+    methods = "fixed:pld"
+    one = run_bench(config(setup, "r1", methods))
+    on_ray = run_bench(config(setup, "r2", methods, ray="local"))
+    assert {r["key"]: r["token_ids"] for r in one.rows} == {r["key"]: r["token_ids"] for r in on_ray.rows}
+
+
+def test_resume_with_other_run_defining_settings_is_refused(full_run):
+    cfg, _ = full_run
+    with pytest.raises(DraftwiseError, match="max_new_tokens"):
+        run_bench(replace(cfg, max_new_tokens=MAX_NEW + 1))
+
+
+# ----------------------------------------------------------------------------- prompt files (no models)
+
+
+def test_malformed_line_reports_its_line_number(tmp_path, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "fine"}\n\n{"prompt": "broken"\n')
+    with pytest.raises(DraftwiseError, match=r"bad\.jsonl, line 3"):
+        load_prompt_file(path)
+    path.write_text('{"prompt": "fine"}\n{"text": "no prompt field"}\n')
+    with pytest.raises(DraftwiseError, match=r"line 2: no 'prompt' or 'turns' field"):
+        load_prompt_file(path)
+    assert main(["bench", "--out", str(tmp_path / "o"), "--data", str(tmp_path / "missing.jsonl")]) == 2
+    assert "missing.jsonl not found" in capsys.readouterr().err
+
+
+def test_mt_bench_style_input(tmp_path):
+    path = write_jsonl(tmp_path / "question.jsonl", [
+        {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorter."]},
+        {"question_id": 101, "category": "math", "turns": ["What is 2+2?"]},
+    ])
+    first = load_prompt_file(path)
+    assert [(p.id, p.domain, p.text) for p in first] == [
+        ("question.jsonl:81", "writing", "Write a poem."), ("question.jsonl:101", "math", "What is 2+2?")]
+    every = load_prompt_file(path, turns="all")
+    assert [p.id for p in every] == ["question.jsonl:81#1", "question.jsonl:81#2", "question.jsonl:101#1"]
+    assert every[1].text == "Write a poem.\n\nNow shorter."
+    assert len(load_prompt_files([path, path])) == 4  # the same file twice: ids stay unique
+
+
+# ----------------------------------------------------------------------------- derived metrics (no models)
+
+
+def _row(prompt: str, method: str, tokens: list[int], seconds: float, calls: int, domain: str = "d") -> dict:
+    return {"key": f"{prompt}|{method}|0", "prompt_id": prompt, "domain": domain, "method": method, "repeat": 0,
+            "wall_s": seconds, "new_tokens": len(tokens), "target_calls": calls, "drafted": 4, "accepted": 2,
+            "token_ids": tokens, "trace": {"arm": ["a"] * calls, "emitted": [1] * calls}}
+
+
+def test_oracle_speedup_and_mismatches_from_rows():
+    rows = [_row("p", "ar", [1, 2, 3, 4], 4.0, 4), _row("p", "fixed:a", [1, 2, 3, 4], 1.0, 2),
+            _row("p", "fixed:b", [1, 2, 3, 4], 2.0, 3), _row("p", "bad", [1, 2, 3, 5], 1.0, 2)]
+    assert [r["oracle_of"] for r in oracle_rows(rows)] == ["fixed:a"]
+    assert mismatched_keys(rows, greedy=True) == {"p|bad|0"} and mismatched_keys(rows, greedy=False) == set()
+    full = summarize_rows(rows, ["ar", "fixed:a", "fixed:b", "oracle", "bad"], greedy=True)
+    assert full["oracle"]["overall"]["speedup"] == pytest.approx(4.0)
+    assert full["fixed:b"]["overall"]["regret"] == pytest.approx(1.0)
+    assert full["fixed:a"]["overall"]["best_arm_ratio"] == pytest.approx(1.0)
+    assert full["bad"]["overall"]["mismatches"] == 1
+
+
+def test_method_groups_expand_against_the_pool():
+    methods = expand_methods(["oracle", "hf-assisted:*", "ucb"], ["near", "pld"], ["near"])
+    assert methods == ["ar", "oracle", "hf-assisted:near", "ucb", "fixed:near", "fixed:pld"]
