@@ -22,10 +22,10 @@ class BuildBudget:
     # how many passes over each domain's train examples the target mix takes (< 1 subsamples)
     target_mix: dict[str, float] = field(hash=False)
     drafter_shape: ModelShape = ModelShape(1, 128, 384, 4)
-    distill_tokens: int = 150_000  # per domain: tokens the target labels for distillation
+    distill_tokens: int = 200_000  # per domain: tokens the target labels for distillation
     teacher_top_k: int = 16
     drafter_train: TrainConfig = TrainConfig(steps=220, batch=16, seq_len=256, lr=3e-3, warmup=50)
-    generalist_steps_factor: float = 2.0  # the generalist sees every domain, so train it longer
+    generalist_steps_factor: float = 1.0  # the generalist gets a specialist's compute, spread over every domain
     seed: int = 20261121
 
 
@@ -50,7 +50,7 @@ BUDGETS.register("full")(
         vocab_size=8192,
         tokenizer_chars_per_domain=2_000_000,
         target_shape=ModelShape(layers=4, hidden=384, intermediate=1024, heads=6),
-        target_train=TrainConfig(steps=800, batch=8, seq_len=512, lr=1.5e-3, warmup=100),
+        target_train=TrainConfig(steps=1100, batch=8, seq_len=512, lr=1.5e-3, warmup=100),
         target_mix=FULL_MIX,
     )
 )

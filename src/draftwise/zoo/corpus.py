@@ -264,7 +264,10 @@ def dialogsum(data: Path, limits: SourceLimits) -> SourceSplit:
 def nq_example(record: dict) -> Example:
     question = clean(record["question"])
     question = question[:1].upper() + question[1:] + ("" if question.endswith("?") else "?")
-    return Example("qa", "nq_open", f"Answer the question briefly.\n{question}", clean(record["answer"][0]))
+    answer = clean(record["answer"][0])
+    # a one-sentence answer (as a chat model gives) rather than a bare span of two or three tokens
+    response = f"The answer is {answer}" + ("" if answer.endswith(".") else ".")
+    return Example("qa", "nq_open", f"Answer the question in one sentence.\n{question}", response)
 
 
 @source("nq_open", "qa")

@@ -77,15 +77,18 @@ def zoo_names(models: Path | None = None) -> list[str]:
 
 
 def zoo_drafter_names(models: Path | None = None) -> list[str]:
-    """The names ``zoo:all`` stands for: every zoo drafter (specialists and the generalist)."""
-    return [PREFIX + e.name for e in zoo_entries(models) if e.role == "drafter"]
+    """Bare names (no ``zoo:`` prefix) of every zoo drafter, i.e. what ``zoo:all`` stands for.
+
+    ``["code", "generalist", "math", …]``; prefix them (``f"zoo:{name}"``) to resolve them.
+    """
+    return [e.name for e in zoo_entries(models) if e.role == "drafter"]
 
 
 def expand_zoo_names(names: list[str], models: Path | None = None) -> list[str]:
     """Replace ``zoo:all`` by every zoo drafter name, keeping order and dropping duplicates."""
     expanded: list[str] = []
     for name in names:
-        for item in zoo_drafter_names(models) if name == ALL else [name]:
+        for item in [PREFIX + n for n in zoo_drafter_names(models)] if name == ALL else [name]:
             if item not in expanded:
                 expanded.append(item)
     return expanded
