@@ -270,3 +270,12 @@ def test_oracle_speedup_and_mismatches_from_rows():
 def test_method_groups_expand_against_the_pool():
     methods = expand_methods(["oracle", "hf-assisted:*", "ucb"], ["near", "pld"], ["near"])
     assert methods == ["ar", "oracle", "hf-assisted:near", "ucb", "fixed:near", "fixed:pld"]
+
+
+def test_docstring_examples_of_the_bench() -> None:
+    import doctest
+    import importlib
+
+    for name in ("draftwise.bench.router", "draftwise.bench.methods"):
+        result = doctest.testmod(importlib.import_module(name))
+        assert result.failed == 0 and result.attempted > 0, name
