@@ -49,7 +49,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
     p.add_argument("--drafter", action="append", default=None, metavar="SPEC",
                    help=f"drafter pool (repeatable; default {' '.join(DEFAULT_POOL)})")
-    p.add_argument("--draft-len", type=int, default=4, help="draft tokens per round (default 4; peers too)")
+    p.add_argument("--draft-len", type=int, default=None,
+                   help="draft tokens per round, peers included (default: the library's 4; presets keep their own)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
     p.add_argument("--per-domain", type=int, default=None,
                    help=f"prompts kept per domain (default: all of --data; {ZOO_DEV_PER_DOMAIN} of the zoo dev set)")

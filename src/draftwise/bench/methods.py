@@ -14,7 +14,8 @@
 * ``hf-pld`` — transformers prompt-lookup decoding (``hf-pld:tokens=10,ngram=2``).
 
 Groups expand against the pool: ``fixed:*``, ``hf-assisted:*``, ``policies:*`` (every registered
-policy and preset except the fixed/random/round-robin baselines).
+policy and preset except the fixed/random/round-robin baselines), ``presets:*`` (the papers'
+configurations only).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 BASELINE = "ar"
 BASELINE_POLICIES = ("fixed", "random", "round-robin")  # not learners: left out of ``policies:*``
-GROUPS = ("fixed:*", "hf-assisted:*", "policies:*")
+GROUPS = ("fixed:*", "hf-assisted:*", "policies:*", "presets:*")
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Workbench:
     model: Any
     tokenizer: Any
     pool: list[Any]  # never generated with: each method gets fresh copies (drafters keep state)
-    draft_len: int
+    draft_len: int | None  # None: the library's default, or a preset's own
     seed: int
     drafter_domains: dict[str, tuple[str, ...]] = field(default_factory=dict)
     router: Any = None
@@ -93,6 +94,12 @@ class Workbench:
 
         return Generator(self.model, self.tokenizer, self.fresh_pool(names), policy=policy,
                          draft_len=self.draft_len, seed=self.seed)
+
+    @property
+    def peer_draft_len(self) -> int:
+        from draftwise.api import DEFAULT_DRAFT_LEN
+
+        return self.draft_len or DEFAULT_DRAFT_LEN
 
     def lm_model(self, name: str) -> Any:
         for d in self.pool:
@@ -289,7 +296,7 @@ def _hf_assisted(bench: Workbench, arg: str) -> Method:
         raise DraftwiseError(f"method hf-assisted:{arg}: schedule must be one of {', '.join(SCHEDULES)}")
     kwargs: dict[str, Any] = {"assistant_model": bench.lm_model(drafter)}
     if schedule != "default":  # threshold 0: a constant-k comparison (MEASURED.md); 'default' = transformers' own
-        kwargs.update(num_assistant_tokens=bench.draft_len, num_assistant_tokens_schedule=schedule,
+        kwargs.update(num_assistant_tokens=bench.peer_draft_len, num_assistant_tokens_schedule=schedule,
                       assistant_confidence_threshold=0.0)
     name = f"hf-assisted:{drafter}" + ("" if schedule == "constant" else f",schedule={schedule}")
     return HFMethod(name, bench.model, kwargs)
@@ -298,7 +305,7 @@ def _hf_assisted(bench: Workbench, arg: str) -> Method:
 @register_method("hf-pld", "transformers prompt-lookup decoding: hf-pld[:tokens=K,ngram=N]")
 def _hf_pld(bench: Workbench, arg: str) -> Method:
     _, raw = split_spec(f"hf-pld:{arg}")
-    options = {"tokens": bench.draft_len, "ngram": 2, **typed_options("method hf-pld", raw, {"tokens": 0, "ngram": 0})}
+    options = {"tokens": bench.peer_draft_len, "ngram": 2, **typed_options("method hf-pld", raw, {"tokens": 0, "ngram": 0})}
     return HFMethod("hf-pld" + (f":{arg}" if arg else ""), bench.model,
                     {"prompt_lookup_num_tokens": options["tokens"], "max_matching_ngram_size": options["ngram"]})
 
@@ -327,16 +334,25 @@ def method_head(spec: str) -> str:
     return spec.split(":", 1)[0].split("@", 1)[0]
 
 
-def is_policy(spec: str) -> bool:
-    from draftwise.policies import POLICIES
+def policy_names() -> list[str]:
+    """Every registered policy and paper preset (``draftwise policies``)."""
+    from draftwise.policies import POLICIES, PRESETS
 
-    return method_head(spec) in POLICIES and method_head(spec) not in METHODS
+    return sorted({*POLICIES, *PRESETS})
+
+
+def is_policy(spec: str) -> bool:
+    return method_head(spec) in policy_names() and method_head(spec) not in METHODS
 
 
 def learner_names() -> list[str]:
-    from draftwise.policies import POLICIES
+    return [name for name in policy_names() if name not in BASELINE_POLICIES]
 
-    return [name for name in POLICIES if name not in BASELINE_POLICIES]
+
+def preset_names() -> list[str]:
+    from draftwise.policies import PRESETS
+
+    return list(PRESETS)
 
 
 def expand_methods(specs: Sequence[str], drafters: Sequence[str], lm_drafters: Sequence[str]) -> list[str]:
@@ -345,6 +361,7 @@ def expand_methods(specs: Sequence[str], drafters: Sequence[str], lm_drafters: S
         "fixed:*": [f"fixed:{d}" for d in drafters],
         "hf-assisted:*": [f"hf-assisted:{d}" for d in lm_drafters],
         "policies:*": learner_names(),
+        "presets:*": preset_names(),
     }
     out = [BASELINE]
     for spec in specs:
@@ -359,11 +376,9 @@ def check_method(spec: str) -> None:
     head = method_head(spec)
     if head in METHODS or is_policy(spec) or spec in GROUPS:
         return
-    from draftwise.policies import POLICIES
-
     raise DraftwiseError(
         f"unknown method {spec!r}; valid: {', '.join(sorted(METHODS))}, a policy or preset "
-        f"({', '.join(POLICIES)}), or a group ({', '.join(GROUPS)})"
+        f"({', '.join(policy_names())}), or a group ({', '.join(GROUPS)})"
     )
 
 

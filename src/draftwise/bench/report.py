@@ -21,6 +21,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 from collections import defaultdict
@@ -92,8 +93,8 @@ def best_fixed(rows: Sequence[dict]) -> dict[tuple[str, int], tuple[str, int]]:
 
 
 def played_best(arm: str, best: str) -> bool:
-    # arms may carry a draft length (``code@4``): the drafter is the part before it
-    return arm == best or arm.split("@", 1)[0] == best
+    # arms may carry a draft length and a stopping rule (``code@6+svip``): the drafter comes first
+    return arm == best or re.split(r"[@+]", arm, maxsplit=1)[0] == best
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -279,7 +280,7 @@ def markdown(full: dict[str, dict[str, Any]], env: dict[str, Any]) -> str:
         "# draftwise bench",
         f"Target `{config.get('target')}`, drafters `{', '.join(config.get('drafters', []))}`, "
         f"max {config.get('max_new_tokens')} new tokens, temperature {config.get('temperature')}, "
-        f"draft length {config.get('draft_len')}, {config.get('repeats')} repeat(s), "
+        f"draft length {config.get('draft_len') or 'default'}, {config.get('repeats')} repeat(s), "
         f"{env.get('prompts', {}).get('count')} prompts; git {env.get('git', {}).get('commit', '?')[:10]}.",
         "## Speedup over `ar` (total tokens / total time)", paper_table(full, "speedup"),
         "## Speedup, Spec-Bench style (mean of per-prompt speeds)", paper_table(full, "speedup_mean_of_prompts"),

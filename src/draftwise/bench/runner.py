@@ -69,7 +69,7 @@ class BenchConfig:
     top_k: int | None = None
     top_p: float | None = None
     repeats: int = 1
-    draft_len: int = 4
+    draft_len: int | None = None  # None: the library's default (4), or a preset's own
     seed: int = 0
     turns: str = "first"
     per_domain: int | None = None  # prompts kept per domain (the zoo dev set: default 8)
@@ -505,7 +505,7 @@ def validate(config: BenchConfig) -> None:
         (config.temperature >= 0, f"--temperature must be ≥ 0 (0 = greedy), got {config.temperature}"),
         (config.repeats >= 1, f"--repeats must be ≥ 1, got {config.repeats}"),
         (config.workers >= 1, f"--workers must be ≥ 1, got {config.workers}"),
-        (config.draft_len >= 1, f"--draft-len must be ≥ 1, got {config.draft_len}"),
+        (config.draft_len is None or config.draft_len >= 1, f"--draft-len must be ≥ 1, got {config.draft_len}"),
         (config.per_domain is None or config.per_domain >= 1, f"--per-domain must be ≥ 1, got {config.per_domain}"),
         (bool(config.methods), "--methods is empty"),
         (config.threads >= 1, f"--threads must be ≥ 1, got {config.threads}"),
