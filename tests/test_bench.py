@@ -279,3 +279,47 @@ def test_docstring_examples_of_the_bench() -> None:
     for name in ("draftwise.bench.router", "draftwise.bench.methods"):
         result = doctest.testmod(importlib.import_module(name))
         assert result.failed == 0 and result.attempted > 0, name
+
+
+class _StubRay:
+    """Just enough of Ray's API, run eagerly in this process, to exercise the --ray code path."""
+
+    def __init__(self) -> None:
+        self.tasks = 0
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def remote(self, **_options):
+        stub = self
+
+        def wrap(fn):
+            class Task:
+                @staticmethod
+                def remote(*args):
+                    stub.tasks += 1
+                    return fn(*args)
+
+            return Task
+
+        return wrap
+
+    def wait(self, pending, num_returns=1):
+        return pending[:num_returns], pending[num_returns:]
+
+    def get(self, ref):
+        return ref
+
+
+def test_ray_code_path_with_a_stub_and_a_clear_error_without_ray(setup, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # not installed: one clear error
+    with pytest.raises(DraftwiseError, match=r"draftwise\[ray\]"):
+        run_bench(config(setup, "noray", "fixed:pld", ray="auto"))
+    stub = _StubRay()
+    monkeypatch.setitem(sys.modules, "ray", stub)
+    one = run_bench(config(setup, "stub1", "fixed:pld"))
+    on_ray = run_bench(config(setup, "stub2", "fixed:pld", ray="auto"))
+    assert stub.tasks == len(PROMPTS)  # one shard per prompt here (4 × workers, capped by the prompts)
+    assert {r["key"]: r["token_ids"] for r in one.rows} == {r["key"]: r["token_ids"] for r in on_ray.rows}
