@@ -13,7 +13,7 @@ from draftwise.drafters import Drafter, build_drafters
 from draftwise.engine import Engine, QuerySettings
 from draftwise.errors import DraftwiseError
 from draftwise.models import CachedLM, LoadOptions, context_limit, load_causal_lm
-from draftwise.policies import make_policy
+from draftwise.policies import PRESETS, make_policy
 from draftwise.trace import GenerationResult, summarize
 from draftwise.verify import Sampling
 
@@ -33,26 +33,22 @@ class Generator:
         drafters: Sequence[Drafter] = (),
         *,
         policy: str = DEFAULT_POLICY,
-        draft_len: int = DEFAULT_DRAFT_LEN,
+        draft_len: int | None = None,
         seed: int = 0,
         chat: bool | None = None,
-        arms: str = "drafters",
-        max_draft: int = ArmSettings.max_draft,
-        stops: Sequence[str] = ArmSettings.stops,
+        arms: str | None = None,
+        max_draft: int | None = None,
+        stops: Sequence[str] | None = None,
         arm_drafter: str | None = None,
     ) -> None:
-        if draft_len < 1:
-            raise DraftwiseError(f"draft_len must be ≥ 1, got {draft_len}")
-        if max_draft < 1:
-            raise DraftwiseError(f"max_draft must be ≥ 1, got {max_draft}")
         self.model = target
         self.tokenizer = tokenizer
         self.seed = seed
         self.chat = chat
         self.target = CachedLM(target)
         self.drafters = list(drafters)
-        settings = ArmSettings(draft_len=draft_len, max_draft=max_draft, stops=tuple(stops), drafter=arm_drafter)
-        self.arms = build_arms(arms, self.drafters, settings)
+        layout, settings = arm_settings(policy, draft_len, arms, max_draft, stops, arm_drafter)
+        self.arms = build_arms(layout, self.drafters, settings)
         self.policy_spec = policy
         self.policy = make_policy(policy, [a.name for a in self.arms], np.random.default_rng(seed))
         self.engine = Engine(self.target, self.drafters, self.arms, self.policy)
@@ -66,7 +62,7 @@ class Generator:
         drafters: Sequence[str] = (),
         policy: str = DEFAULT_POLICY,
         *,
-        draft_len: int = DEFAULT_DRAFT_LEN,
+        draft_len: int | None = None,
         device: str = "cpu",
         dtype: str = "float32",
         seed: int = 0,
@@ -171,6 +167,33 @@ class Generator:
             return None
 
         return check
+
+
+def arm_settings(
+    policy: str,
+    draft_len: int | None,
+    arms: str | None,
+    max_draft: int | None,
+    stops: Sequence[str] | None,
+    arm_drafter: str | None,
+) -> tuple[str, ArmSettings]:
+    """The arm layout and settings: explicit arguments first, then the policy preset's, then defaults."""
+    name = policy.split(":", 1)[0]
+    preset = PRESETS.get(name) if name in PRESETS else None
+
+    def pick(value: Any, preset_value: Any, default: Any) -> Any:
+        return value if value is not None else (preset_value if preset_value is not None else default)
+
+    settings = ArmSettings(
+        draft_len=pick(draft_len, preset and preset.draft_len, DEFAULT_DRAFT_LEN),
+        max_draft=pick(max_draft, preset and preset.max_draft, ArmSettings.max_draft),
+        stops=tuple(pick(stops, preset and preset.stops, ArmSettings.stops)),
+        drafter=arm_drafter,
+    )
+    for key in ("draft_len", "max_draft"):
+        if getattr(settings, key) < 1:
+            raise DraftwiseError(f"{key} must be ≥ 1, got {getattr(settings, key)}")
+    return pick(arms, preset and preset.arms, "drafters"), settings
 
 
 def _check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> Sampling:

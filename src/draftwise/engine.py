@@ -35,6 +35,18 @@ class QuerySettings:
 
 
 @dataclass
+class PendingRound:
+    """A round whose evaluation phase has not run yet."""
+
+    record: RoundRecord
+    start: int  # context length before the round's verified tokens
+    rows: int  # verified tokens of the round
+    logits: torch.Tensor  # (rows, V) the target's logits at those positions
+    probs: torch.Tensor | None  # (rows, V) the warped target distribution (sampling)
+    proposals: dict[int, list[int | None]]  # deterministic drafters' proposals at each position
+
+
+@dataclass
 class QueryOutcome:
     tokens: list[int]  # prompt + generated
     records: list[RoundRecord]
@@ -51,6 +63,8 @@ class Engine:
         self.arms = list(arms)
         self.policy = policy
         self.rules: list[StopRule | None] = []
+        self.pending: list[PendingRound] = []
+        self.pending_tokens = 0
 
     def run(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator) -> QueryOutcome:
         context = list(prompt)
@@ -59,8 +73,9 @@ class Engine:
         stopped_by = "max_new_tokens"
         start = time.perf_counter()
         self.policy.begin_query()
+        self.pending, self.pending_tokens = [], 0
         # stopping rules with state (AdaEDL's threshold) start afresh each query, like the learners
-        self.rules = [make_stop_rule(arm.stop) if arm.stop else None for arm in self.arms]
+        self.rules = [make_stop_rule(arm.stop, self.policy.rng) if arm.stop else None for arm in self.arms]
         for drafter in self.drafters:
             drafter.begin_query(context)
         try:
@@ -70,6 +85,10 @@ class Engine:
                 if stop:
                     stopped_by = stop
                     break
+            if self.pending and getattr(self.policy, "keep", False):  # state outlives the query: flush
+                self._evaluate(context, dctx)
+                for item in self.pending:
+                    item.record.reward = self.policy.update(item.record.arm, item.record)
         except KeyboardInterrupt:
             stopped_by = "interrupted"  # what was generated so far is kept and returned
         wall = time.perf_counter() - start
@@ -94,7 +113,7 @@ class Engine:
         target_probs = None if settings.sampling.greedy else warp(logits, settings.sampling)
         verdict = self._verify(draft, logits, target_probs, dctx)
         if self.rules[arm_index] is not None:
-            self.rules[arm_index].after_round(n, verdict.accepted)
+            self.rules[arm_index].after_round(n, verdict.accepted, verdict.next_token)
         new = draft.tokens[: verdict.accepted] + [verdict.next_token]
         stop = None
         for i, token in enumerate(new):
@@ -114,15 +133,80 @@ class Engine:
             accepted=min(verdict.accepted, len(new)), emitted=len(new), position=generated,
             accept_probs=verdict.accept_probs, draft_s=t2 - t1, verify_s=t3 - t2,
         )
-        # 4. evaluation phase: every arm's acceptance probabilities along the verified tokens
+        # 4. feedback. Bandit policies learn now; full-information ones once the evaluation phase
+        # has scored every drafter on the verified tokens, which they may defer and batch
+        # (HedgeSpec's skipping updates): deferred rounds are delivered later, in order.
         if self.policy.full_information:
-            record.counterfactual = self.counterfactual(context[:before], new, logits, target_probs, dctx)
-        t4 = clock()
-        # 5. feedback and update
-        record.reward = self.policy.update(arm_index, record)
-        t5 = clock()
-        record.eval_s, record.policy_s = t4 - t3, (t1 - t0) + (t5 - t4)
+            self._queue_evaluation(record, context, before, new, logits, target_probs, dctx)
+            if self.policy.wants_evaluation(index + 1, self.pending_tokens):
+                t4 = clock()
+                self._evaluate(context, dctx)
+                t5 = clock()
+                for item in self.pending:
+                    item.record.reward = self.policy.update(item.record.arm, item.record)
+                record.eval_s += t5 - t4
+                record.policy_s += clock() - t5
+                self.pending, self.pending_tokens = [], 0
+        else:
+            t4 = clock()
+            record.reward = self.policy.update(arm_index, record)
+            record.policy_s += clock() - t4
+        record.policy_s += t1 - t0
         return record, stop
+
+    # -- the evaluation phase (full-information feedback) ----------------------------------------
+    def _queue_evaluation(self, record: RoundRecord, context: list[int], before: int, new: list[int],
+                          logits: torch.Tensor, target_probs: torch.Tensor | None, dctx: DraftContext) -> None:
+        start = time.perf_counter()
+        rows = len(new)
+        # Deterministic drafters answer now, while their state has seen exactly this prefix.
+        proposals = {i: self._proposals_along(d, context[:before], new, dctx)
+                     for i, d in enumerate(self.drafters) if not isinstance(d, LMDrafter) and self._evaluated(i)}
+        self.pending.append(PendingRound(record, before, rows, logits[:rows],
+                                         None if target_probs is None else target_probs[:rows], proposals))
+        self.pending_tokens += rows
+        record.eval_s += time.perf_counter() - start
+
+    def _evaluated(self, drafter: int) -> bool:
+        return any(arm.drafter == drafter for arm in self.arms)
+
+    @staticmethod
+    def _proposals_along(drafter: Drafter, context: list[int], verified: list[int], dctx: DraftContext) -> list[int | None]:
+        """What a deterministic drafter would have proposed at each verified position."""
+        out: list[int | None] = []
+        for j in range(len(verified)):
+            proposal = drafter.propose(context + verified[:j], 1, dctx).tokens
+            out.append(proposal[0] if proposal else None)
+        return out
+
+    def _evaluate(self, context: list[int], dctx: DraftContext) -> None:
+        """Fill ``counterfactual`` of every pending round: arm i's acceptance probability at each
+        verified position. The target's distribution there is a row of that round's verification
+        logits, so no extra target forward is needed; each LM drafter catches up on all pending
+        tokens in one short prefill; arms sharing a drafter share one computation."""
+        first, total = self.pending[0].start, self.pending_tokens
+        logits = torch.cat([p.logits for p in self.pending])  # (total, V)
+        greedy = self.pending[0].probs is None
+        probs = None if greedy else torch.cat([p.probs for p in self.pending])
+        choice = logits.argmax(-1)
+        scores: dict[int | None, list[float]] = {None: [0.0] * total}
+        for i, drafter in enumerate(self.drafters):
+            if not self._evaluated(i):
+                continue
+            if isinstance(drafter, LMDrafter):
+                q_logits = drafter.next_logits(context[: first + total - 1], total)  # (total, V)
+                if greedy:
+                    scores[i] = (q_logits.argmax(-1) == choice).float().tolist()
+                else:
+                    scores[i] = torch.minimum(probs, warp(q_logits, dctx.sampling)).sum(-1).tolist()
+            else:
+                proposed = [tok for p in self.pending for tok in p.proposals[i]]
+                scores[i] = [0.0 if tok is None else float(choice[j] == tok) if greedy else float(probs[j, tok])
+                             for j, tok in enumerate(proposed)]
+        offset = 0
+        for item in self.pending:
+            item.record.counterfactual = [scores[arm.drafter][offset : offset + item.rows] for arm in self.arms]
+            offset += item.rows
 
     def _draft(self, arm: Arm, rule: StopRule | None, context: list[int], budget: int, dctx: DraftContext) -> Draft:
         if arm.drafter is None or budget <= 0:
@@ -137,54 +221,3 @@ class Engine:
         if target_probs is None:
             return verify_greedy(draft.tokens, logits)
         return verify_sampling(draft.tokens, draft.probs, target_probs, dctx.generator)
-
-    def counterfactual(
-        self,
-        context: list[int],
-        verified: list[int],
-        logits: torch.Tensor,
-        target_probs: torch.Tensor | None,
-        dctx: DraftContext,
-    ) -> list[list[float]]:
-        """Per arm, the acceptance probability of its drafter at each verified position.
-
-        Position j is the prediction of ``verified[j]`` from ``context + verified[:j]``; the
-        target's distribution there is row j of this round's verification logits, so no extra
-        target forward is needed. Arms sharing a drafter share one computation.
-        """
-        rows = len(verified)
-        by_drafter: dict[int | None, list[float]] = {None: [0.0] * rows}
-        for arm in self.arms:
-            if arm.drafter not in by_drafter:
-                by_drafter[arm.drafter] = self._score(self.drafters[arm.drafter], context, verified, logits[:rows],
-                                                      None if target_probs is None else target_probs[:rows], dctx)
-        return [by_drafter[arm.drafter] for arm in self.arms]
-
-    @staticmethod
-    def _score(
-        drafter: Drafter,
-        context: list[int],
-        verified: list[int],
-        logits: torch.Tensor,
-        target_probs: torch.Tensor | None,
-        dctx: DraftContext,
-    ) -> list[float]:
-        rows = len(verified)
-        if isinstance(drafter, LMDrafter):
-            q_logits = drafter.next_logits(context + verified[:-1], rows)  # (rows, V): one short prefill
-            if target_probs is None:
-                return (q_logits.argmax(-1) == logits.argmax(-1)).float().tolist()
-            q = warp(q_logits, dctx.sampling)
-            return torch.minimum(target_probs, q).sum(-1).tolist()
-        # A deterministic drafter: what would it have proposed at each verified position?
-        out: list[float] = []
-        greedy_choice = logits.argmax(-1).tolist() if target_probs is None else None
-        for j in range(rows):
-            proposal = drafter.propose(context + verified[:j], 1, dctx).tokens
-            if not proposal:
-                out.append(0.0)
-            elif greedy_choice is not None:
-                out.append(float(proposal[0] == greedy_choice[j]))
-            else:
-                out.append(float(target_probs[j, proposal[0]]))
-        return out

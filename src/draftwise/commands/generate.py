@@ -34,7 +34,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
-    p.add_argument("--draft-len", type=int, default=None, help="draft tokens per round (default 4)")
+    p.add_argument("--draft-len", type=int, default=None, help="draft tokens per round (default 4, or the preset's)")
+    p.add_argument("--arms", default=None, help="what the policy chooses among: drafters (default), lengths, stops, "
+                   "drafters×stops, or a list such as code@6+svip,pld@3,none (DRAFTER[@LEN][+RULE])")
+    p.add_argument("--max-draft", type=int, default=None,
+                   help="draft budget under dynamic stopping rules (default 16, or the preset's)")
+    p.add_argument("--stops", default=None, help="stopping rules of the stops layouts, comma-separated "
+                   "(default: static,max-confidence,svip,adaedl,svip-difference,logit-margin)")
+    p.add_argument("--arm-drafter", default=None, help="the drafter of the lengths / stops layouts (default: the first)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop once this text appears (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     p.add_argument("--truncate", action="store_true", help="keep the last tokens of a prompt too long for the context")
@@ -48,7 +55,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftwise.api import DEFAULT_DRAFT_LEN, DEFAULT_POLICY, Generator
+    from draftwise.api import DEFAULT_POLICY, Generator
 
     prompt = args.prompt
     if prompt is None or prompt == "-":
@@ -58,8 +65,9 @@ def run(args: argparse.Namespace) -> int:
     target = args.target or DEFAULT_TARGET
     drafters = args.drafter if args.drafter is not None else (list(DEFAULT_POOL) if target == DEFAULT_TARGET else [])
     gen = Generator.from_pretrained(
-        target, drafters, policy=args.policy or DEFAULT_POLICY, draft_len=DEFAULT_DRAFT_LEN if args.draft_len is None else args.draft_len,
-        device=args.device, dtype=args.dtype, seed=args.seed, chat=args.chat,
+        target, drafters, policy=args.policy or DEFAULT_POLICY, draft_len=args.draft_len,
+        device=args.device, dtype=args.dtype, seed=args.seed, chat=args.chat, arms=args.arms,
+        max_draft=args.max_draft, stops=args.stops.split(",") if args.stops else None, arm_drafter=args.arm_drafter,
     )
     result = gen.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,

@@ -44,8 +44,9 @@ class StopRule(ABC):
         ignores a stop at step 0 — the first token is always drafted.
         """
 
-    def after_round(self, drafted: int, accepted: int) -> None:
-        """Verification accepted ``accepted`` of ``drafted`` draft tokens."""
+    def after_round(self, drafted: int, accepted: int, next_token: int | None = None) -> None:
+        """Verification accepted ``accepted`` of ``drafted`` draft tokens, then the target chose
+        ``next_token`` (its token at the position where drafting stopped, if all were accepted)."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"rule": self.name}
@@ -143,7 +144,7 @@ class AdaEDL(StopRule):
     def should_stop(self, probs: torch.Tensor, step: int) -> bool:
         return 1.0 - math.sqrt(self.gamma * entropy(probs)) < self.lam
 
-    def after_round(self, drafted: int, accepted: int) -> None:
+    def after_round(self, drafted: int, accepted: int, next_token: int | None = None) -> None:
         if drafted == 0:
             return
         self.rate = self.beta1 * self.rate + (1 - self.beta1) * accepted / drafted
@@ -153,11 +154,83 @@ class AdaEDL(StopRule):
         return {"rule": self.name, "lambda": self.lam, "rate": self.rate}
 
 
-def make_stop_rule(spec: str) -> StopRule:
-    """``"svip"``, ``"max-confidence:h=0.7"``, ``"adaedl:target=0.9"`` → a fresh rule."""
+@STOP_RULES.register("tapout-token")
+class TokenLevelTapOut(StopRule):
+    """TapOut's token-level controller: every draft position is its own bandit over the rules.
+
+    At position j the learner of j picks a rule, which decides stop / continue there; after
+    verification each drafted position's learner gets reward 1 if its token was accepted, else 0.
+    Position 0 is always drafted, so learners start at position 1. A *stop* also gets feedback
+    (else a learner that picked a stopping rule would never learn): when every drafted token was
+    accepted, the target's next token says whether the drafter's top token at the stop position
+    would have been accepted — reward 1 if not (stopping was right), 0 if so.
+    """
+
+    def __init__(self, *, learner: str = "ts-beta", rules: str = "/".join(r for r in (
+            "static", "max-confidence", "svip", "adaedl", "svip-difference", "logit-margin")),
+                 positions: int = 128, rng: Any = None) -> None:
+        import numpy as np
+
+        from draftwise.policies import make_policy
+
+        self.name = "tapout-token"
+        self.rule_specs = [r for r in rules.split("/") if r]
+        if not self.rule_specs or "tapout-token" in self.rule_specs:
+            raise DraftwiseError("tapout-token: rules must list base rules separated by '/'")
+        self.rules = [make_stop_rule(r) for r in self.rule_specs]
+        self.rng = rng if rng is not None else np.random.default_rng(0)
+        self.learner_spec, self.positions = f"{learner}:reward=length", positions
+        make_policy(self.learner_spec, self.rule_specs, self.rng)  # fail now on a bad learner name
+        self.learners: list[Any] = []  # one per draft position from 1, created when first reached
+        self.chosen: list[int] = []
+        self.stop_guess: int | None = None  # the drafter's top token where drafting stopped
+
+    def start_draft(self) -> None:
+        self.chosen = []
+        self.stop_guess = None
+        for rule in self.rules:
+            rule.start_draft()
+
+    def should_stop(self, probs: torch.Tensor, step: int) -> bool:
+        decisions = [rule.should_stop(probs, step) for rule in self.rules]  # every rule sees every step
+        if step == 0 or step > self.positions:
+            return False
+        while len(self.learners) < step:
+            from draftwise.policies import make_policy
+
+            learner = make_policy(self.learner_spec, self.rule_specs, self.rng)
+            learner.begin_query()
+            self.learners.append(learner)
+        arm = self.learners[step - 1].select()
+        self.chosen.append(arm)
+        if decisions[arm]:
+            self.stop_guess = int(probs.argmax())
+        return decisions[arm]
+
+    def after_round(self, drafted: int, accepted: int, next_token: int | None = None) -> None:
+        for rule in self.rules:
+            rule.after_round(drafted, accepted, next_token)
+        for position, arm in enumerate(self.chosen, start=1):
+            if position < drafted:  # a continue decision: was its token accepted?
+                self.learners[position - 1].observe(arm, 1.0 if position < accepted else 0.0)
+            elif self.stop_guess is not None and accepted == drafted and next_token is not None:
+                self.learners[position - 1].observe(arm, 0.0 if self.stop_guess == next_token else 1.0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rule": self.name, "learners": [p.state_dict() for p in self.learners[:8]]}
+
+
+def make_stop_rule(spec: str, rng: Any = None) -> StopRule:
+    """``"svip"``, ``"max-confidence:h=0.7"``, ``"adaedl:target=0.9"`` → a fresh rule.
+
+    ``rng`` (a numpy Generator) goes to rules that make random choices (the token-level controller).
+    """
     name, raw = split_spec(spec)
     factory = STOP_RULES.get(name)
-    return factory(**typed_options(f"stopping rule {name!r}", raw, keyword_defaults(factory)))
+    defaults = keyword_defaults(factory)
+    takes_rng = defaults.pop("rng", "absent") != "absent"
+    options = typed_options(f"stopping rule {name!r}", raw, defaults)
+    return factory(**options, rng=rng) if takes_rng else factory(**options)
 
 
 def stop_rule_names() -> list[str]:

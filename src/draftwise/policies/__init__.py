@@ -8,11 +8,12 @@ from draftwise.policies import (  # noqa: F401  (registration side effects)
     greedy,
     halving,
     hedge,
+    presets,
     simple,
     thompson,
     ucb,
     ucb_family,
 )
-from draftwise.policies.base import POLICIES, Policy, make_policy, policy_options, register_policy
+from draftwise.policies.base import POLICIES, PRESETS, Policy, make_policy, policy_options, register_policy
 
-__all__ = ["POLICIES", "Policy", "make_policy", "policy_options", "register_policy"]
+__all__ = ["POLICIES", "PRESETS", "Policy", "make_policy", "policy_options", "register_policy"]

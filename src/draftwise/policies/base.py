@@ -130,6 +130,15 @@ class Policy(ABC):
     def observe(self, arm: int, reward: float) -> None:
         """Bandit feedback: the reward of the arm that was played."""
 
+    def wants_evaluation(self, rounds: int, pending_tokens: int) -> bool:
+        """Full-information learners: run the evaluation phase after this round?
+
+        ``rounds`` rounds of this query are done and ``pending_tokens`` verified tokens await
+        evaluation. Declining defers them (HedgeSpec's skipping updates): the engine evaluates
+        them later in one batch and then delivers each deferred round's record, in order.
+        """
+        return True
+
     def observe_losses(self, losses: Sequence[float]) -> None:
         """Full-information feedback: one loss per arm (only full-information learners use it)."""
         raise NotImplementedError(f"{type(self).__name__} learns from bandit feedback only")
@@ -141,6 +150,8 @@ class Policy(ABC):
 
 PolicyFactory = Callable[..., Policy]
 POLICIES: Registry[PolicyFactory] = Registry("policy")
+# Paper configurations by name (policies/presets.py): a policy, its options and its arm layout.
+PRESETS: Registry[Any] = Registry("preset")
 
 
 def register_policy(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
@@ -155,6 +166,10 @@ def policy_options(name: str) -> dict[str, Any]:
     parent's options, up to those every learner has (``reward``, ``keep``, ``decay``, ``prior``,
     ``prior_weight``; see :class:`Policy`).
     """
+    if name in PRESETS and name not in POLICIES:
+        preset = PRESETS.get(name)
+        base = policy_options(preset.policy)
+        return {**base, **typed_options(f"preset {name!r}", preset.options, base)}
     factory = POLICIES.get(name)
     if not isinstance(factory, type):
         return keyword_defaults(factory, skip=("arms", "rng"))
@@ -205,9 +220,21 @@ def parse_prior(text: str, arms: Sequence[str]) -> np.ndarray:
 def make_policy(spec: str, arms: Sequence[str], rng: np.random.Generator) -> Policy:
     """Build a policy from a spec such as ``"ucb"``, ``"ucb:beta=0.1,reward=be"`` or ``"fixed:pld"``."""
     name, raw = _split_policy_spec(spec)
-    factory = POLICIES.get(name)
-    options = typed_options(f"policy {name!r}", raw, policy_options(name))
-    return factory(arms, rng, **options)
+    defaults = policy_options(_known(name))
+    options = typed_options(f"policy {name!r}", raw, defaults)
+    if name in PRESETS and name not in POLICIES:  # a preset: its options, then the user's overrides
+        preset = PRESETS.get(name)
+        name = preset.policy
+        options = {**typed_options(f"preset {spec!r}", preset.options, defaults), **options}
+    return POLICIES.get(name)(arms, rng, **options)
+
+
+def _known(name: str) -> str:
+    """Fail with every valid name (policies and presets) when ``name`` is neither."""
+    if name not in POLICIES and name not in PRESETS:
+        valid = ", ".join(sorted([*POLICIES, *PRESETS]))
+        raise DraftwiseError(f"unknown policy {name!r}; valid: {valid}")
+    return name
 
 
 def _split_policy_spec(spec: str) -> tuple[str, dict[str, str]]:

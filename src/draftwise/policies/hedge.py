@@ -198,7 +198,9 @@ class FullInformationPolicy(Policy):
     chunk (one per round, censored, §B.3); ``depth`` K of the token-level length loss (0: the
     rounds' draft budget L); ``choose`` sample (draw from the weights, as in HedgeSpec) | argmax;
     ``warmup`` / ``every``: §B.5's skipping updates — after ``warmup`` rounds, feed the queue to
-    the learner only every ``every`` rounds (defaults: every round).
+    the learner only every ``every`` rounds (defaults: every round); ``skip``: after ``warmup``
+    rounds, run the engine's evaluation phase only once ``skip`` verified tokens have gathered
+    (0: every round), so the drafters are evaluated in fewer, larger batches.
     A warm-start prior is a weight per arm: π_i ∝ prior_i ** prior_weight.
     """
 
@@ -216,13 +218,15 @@ class FullInformationPolicy(Policy):
         choose: str = "sample",
         warmup: int = 0,
         every: int = 1,
+        skip: int = 0,
         **common: Any,
     ) -> None:
         for name, value, valid in (("loss", loss, LOSS_KINDS), ("game", game, GAMES), ("choose", choose, CHOICES)):
             if value not in valid:
                 raise DraftwiseError(f"{name}={value!r} is not valid; valid: {', '.join(valid)}")
-        if every < 1 or warmup < 0 or depth < 0 or switch < 0:
-            raise DraftwiseError("need every >= 1, warmup >= 0, depth >= 0 and switch >= 0")
+        if every < 1 or warmup < 0 or depth < 0 or switch < 0 or skip < 0:
+            raise DraftwiseError("need every >= 1, warmup >= 0, depth >= 0, switch >= 0 and skip >= 0")
+        self.skip = skip
         self.loss, self.game, self.switch, self.depth = loss, game, switch, depth
         self.choose, self.warmup, self.every = choose, warmup, every
         self.pi: np.ndarray | None = None
@@ -262,6 +266,9 @@ class FullInformationPolicy(Policy):
 
     def probs(self) -> np.ndarray:
         return self.learner.probs()
+
+    def wants_evaluation(self, rounds: int, pending_tokens: int) -> bool:
+        return rounds <= self.warmup or self.skip == 0 or pending_tokens >= self.skip
 
     # -- feedback ---------------------------------------------------------------------------
     def update(self, arm: int, record: RoundRecord) -> float | None:
