@@ -8,7 +8,7 @@ Definitions (every ratio against ``ar`` uses only the (prompt, repeat) pairs bot
 * ``mat`` — Σ tokens / Σ target forwards; ``target_calls_per_token`` its inverse;
 * ``acceptance_rate`` — Σ accepted / Σ drafted (null for the transformers peers: not observable);
 * ``mismatches`` — rows whose tokens differ from ``ar``'s on the same prompt and repeat
-  (greedy only: sampled outputs legitimately differ);
+  (greedy only: sampled outputs legitimately differ, and the count is null);
 * ``regret`` (csv / md) — stopping-time regret: mean over prompts of the method's target calls
   minus those of the best single drafter on that prompt in hindsight;
 * ``best_arm_ratio`` (csv / md) — share of rounds that played that best drafter.
@@ -100,8 +100,9 @@ def played_best(arm: str, best: str) -> bool:
 # ----------------------------------------------------------------------------- metrics
 
 
-def metrics(rows: Sequence[dict], baseline: Sequence[dict], mismatches: set[str],
+def metrics(rows: Sequence[dict], baseline: Sequence[dict], mismatches: set[str] | None,
             best: dict[tuple[str, int], tuple[str, int]]) -> dict[str, Any]:
+    """One method's metrics on some rows; ``mismatches`` None: outputs not compared (sampling)."""
     base = {pair(r): r for r in baseline}
     rows = [r for r in rows if pair(r) in base]
     if not rows:
@@ -118,7 +119,7 @@ def metrics(rows: Sequence[dict], baseline: Sequence[dict], mismatches: set[str]
         "acceptance_rate": (sum(r["accepted"] for r in rows) / sum(drafted)
                             if None not in drafted and sum(drafted) else None),
         "target_calls_per_token": sum(calls) / tokens if None not in calls and tokens else None,
-        "mismatches": sum(r["key"] in mismatches for r in rows),
+        "mismatches": None if mismatches is None else sum(r["key"] in mismatches for r in rows),
         "speedup_std": repeat_std(rows, base),
         "regret": mean_or_none([r["target_calls"] - best[pair(r)][1] for r in rows
                                 if pair(r) in best and r.get("target_calls") is not None]),
@@ -166,7 +167,7 @@ def best_arm_ratio(rows: Sequence[dict], best: dict[tuple[str, int], tuple[str, 
 def summarize_rows(rows: Sequence[dict], methods: Sequence[str], greedy: bool) -> dict[str, dict[str, Any]]:
     """method → {"overall": metrics, "by_domain": {domain: metrics}}, with every extra key."""
     rows = with_derived(rows, methods)
-    bad = mismatched_keys(rows, greedy)
+    bad = mismatched_keys(rows, greedy) if greedy else None
     best = best_fixed(rows)
     by_method: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
