@@ -265,6 +265,8 @@ def test_oracle_speedup_and_mismatches_from_rows():
     assert full["fixed:b"]["overall"]["regret"] == pytest.approx(1.0)
     assert full["fixed:a"]["overall"]["best_arm_ratio"] == pytest.approx(1.0)
     assert full["bad"]["overall"]["mismatches"] == 1
+    sampled = summarize_rows(rows, ["ar", "bad"], greedy=False)
+    assert sampled["bad"]["overall"]["mismatches"] is None  # sampled outputs are not compared
 
 
 def test_method_groups_expand_against_the_pool():
