@@ -13,6 +13,7 @@ The series are pure functions of the rows; only ``write_plots`` touches matplotl
 from __future__ import annotations
 
 import logging
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -93,7 +94,9 @@ def arm_value_curves(rows: Sequence[dict], method: str) -> dict[str, np.ndarray]
                 series[a].append(sums[a] / counts[a] if counts[a] else np.nan)
         for a, values in series.items():
             per_arm[a].append(np.asarray(values))
-    return {a: np.nanmean(_pad_nan(curves), axis=0) for a, curves in sorted(per_arm.items())}
+    with warnings.catch_warnings():  # rounds before an arm's first pull are all-NaN columns: leave them NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return {a: np.nanmean(_pad_nan(curves), axis=0) for a, curves in sorted(per_arm.items())}
 
 
 def _pad_nan(curves: Sequence[np.ndarray]) -> np.ndarray:

@@ -331,7 +331,7 @@ def git_info() -> dict[str, Any]:
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(git("status", "--porcelain", "--", "."))}
+    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
 def versions() -> dict[str, str | None]:
