@@ -12,6 +12,7 @@ from draftwise.arms import ArmSettings, build_arms
 from draftwise.drafters import Drafter, build_drafters
 from draftwise.engine import Engine, QuerySettings
 from draftwise.errors import DraftwiseError
+from draftwise.fastlm import attach_banks
 from draftwise.models import CachedLM, LoadOptions, context_limit, load_causal_lm
 from draftwise.policies import PRESETS, make_policy
 from draftwise.trace import GenerationResult, summarize
@@ -40,6 +41,7 @@ class Generator:
         max_draft: int | None = None,
         stops: Sequence[str] | None = None,
         arm_drafter: str | None = None,
+        fast_drafters: bool = True,
     ) -> None:
         self.model = target
         self.tokenizer = tokenizer
@@ -47,6 +49,8 @@ class Generator:
         self.chat = chat
         self.target = CachedLM(target)
         self.drafters = list(drafters)
+        if fast_drafters:  # small Llama drafters run on the lean batched path (draftwise.fastlm)
+            attach_banks(self.drafters)
         layout, settings = arm_settings(policy, draft_len, arms, max_draft, stops, arm_drafter)
         self.arms = build_arms(layout, self.drafters, settings)
         self.policy_spec = policy

@@ -190,11 +190,19 @@ class Engine:
         probs = None if greedy else torch.cat([p.probs for p in self.pending])
         choice = logits.argmax(-1)
         scores: dict[int | None, list[float]] = {None: [0.0] * total}
+        batched: dict[int, torch.Tensor] = {}  # per drafter bank: every member's logits in one forward
+        prefix = context[: first + total - 1]
         for i, drafter in enumerate(self.drafters):
             if not self._evaluated(i):
                 continue
             if isinstance(drafter, LMDrafter):
-                q_logits = drafter.next_logits(context[: first + total - 1], total)  # (total, V)
+                bank = drafter.bank
+                if bank is None:
+                    q_logits = drafter.next_logits(prefix, total)  # (total, V): one short prefill
+                else:
+                    if id(bank) not in batched:
+                        batched[id(bank)] = bank.sync_all(prefix, total)  # (members, total, V)
+                    q_logits = batched[id(bank)][drafter.lm.slot]
                 if greedy:
                     scores[i] = (q_logits.argmax(-1) == choice).float().tolist()
                 else:

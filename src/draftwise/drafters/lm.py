@@ -20,7 +20,8 @@ class LMDrafter(Drafter):
     def __init__(self, model: Any, *, name: str, source: str = "") -> None:
         self.name = name
         self.source = source
-        self.lm = CachedLM(model)
+        self.lm: Any = CachedLM(model)  # or a view into a LlamaBank (draftwise.fastlm)
+        self.bank: Any = None
 
     def begin_query(self, prompt: Sequence[int]) -> None:
         pass  # the cache follows the context: a new prompt shares no prefix and is prefilled

@@ -1,0 +1,211 @@
+"""A lean forward for small Llama drafters, and a bank that runs several of them at once.
+
+Why: a drafter of about one layer × 128 hidden spends most of a transformers forward in Python
+and dispatch overhead (≈ 0.8 ms on these CPUs whatever the size). Drafter numerics never touch
+losslessness — the target decides every token — so drafters may run on this hand-written path:
+the same maths (RMSNorm, rotary embeddings, grouped-query attention, SiLU-gated MLP) on stacked
+weights with ``torch.bmm``. Drafters of one shape share a :class:`LlamaBank`; each is driven
+through a :class:`BankLM` view with the :class:`~draftwise.models.CachedLM` interface, and the
+evaluation phase feeds the newly verified tokens to *all* of them in one batched forward.
+
+The target always runs through transformers' own forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from draftwise.models import common_prefix_len
+
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+              "vocab_size", "rms_norm_eps", "tie_word_embeddings")
+
+
+def _head_dim(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _rope_theta(config: Any) -> float | None:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if params.get("rope_type", params.get("type", "default")) != "default":
+        return None
+    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+def bank_key(model: Any) -> tuple | None:
+    """A key equal for models that can share a bank; None when the lean path does not apply."""
+    config = model.config
+    if type(model).__name__ != "LlamaForCausalLM" or getattr(config, "hidden_act", "silu") != "silu":
+        return None
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False) or _rope_theta(config) is None:
+        return None
+    dtype = next(model.parameters()).dtype
+    return tuple(getattr(config, k) for k in SHAPE_KEYS) + (_head_dim(config), _rope_theta(config), dtype,
+                                                             next(model.parameters()).device)
+
+
+def _stack(tensors: list[torch.Tensor], transpose: bool = False) -> torch.Tensor:
+    return torch.stack([t.detach().t() if transpose else t.detach() for t in tensors]).contiguous()
+
+
+class LlamaBank:
+    """D Llama drafters of one shape: stacked weights, one KV cache slot each."""
+
+    def __init__(self, models: Sequence[Any]) -> None:
+        config = models[0].config
+        self.count = len(models)
+        self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = _head_dim(config)
+        self.eps = config.rms_norm_eps
+        self.vocab_size = config.vocab_size
+        theta = _rope_theta(config)
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+        inner = [m.model for m in models]
+        self.embed = _stack([m.embed_tokens.weight for m in inner])  # (D, V, H)
+        self.head = _stack([m.lm_head.weight for m in models], transpose=True)  # (D, H, V)
+        self.final_norm = _stack([m.norm.weight for m in inner])  # (D, H)
+        self.layers = []
+        for i in range(config.num_hidden_layers):
+            blocks = [m.layers[i] for m in inner]
+            attn = [b.self_attn for b in blocks]
+            mlp = [b.mlp for b in blocks]
+            self.layers.append({
+                "in_norm": _stack([b.input_layernorm.weight for b in blocks]),
+                "post_norm": _stack([b.post_attention_layernorm.weight for b in blocks]),
+                "qkv": torch.cat([_stack([a.q_proj.weight for a in attn], True), _stack([a.k_proj.weight for a in attn], True),
+                                  _stack([a.v_proj.weight for a in attn], True)], dim=2).contiguous(),  # (D, H, (nh+2nkv)·hd)
+                "o": _stack([a.o_proj.weight for a in attn], True),
+                "gate_up": torch.cat([_stack([m.gate_proj.weight for m in mlp], True),
+                                      _stack([m.up_proj.weight for m in mlp], True)], dim=2).contiguous(),
+                "down": _stack([m.down_proj.weight for m in mlp], True),
+            })
+        self.dtype, self.device = self.embed.dtype, self.embed.device
+        self.capacity = 0
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._grow(256)
+        self.tokens: list[list[int]] = [[] for _ in range(self.count)]  # per drafter: tokens in its slot
+
+    def _grow(self, needed: int) -> None:
+        if needed <= self.capacity:
+            return
+        capacity = max(needed, 2 * self.capacity)
+        shape = (self.count, self.n_kv, capacity, self.head_dim)
+        keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        for old, new in zip(self.keys + self.values, keys + values):
+            new[:, :, : self.capacity] = old
+        self.keys, self.values, self.capacity = keys, values, capacity
+
+    def _rope(self, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(start, start + length, dtype=torch.float32)
+        freqs = torch.outer(positions, self.inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    @staticmethod
+    def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x32 = x.float()
+        return weight[:, None, :] * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+    @torch.inference_mode()
+    def forward(self, which: slice, ids: list[int], start: int, n_out: int) -> torch.Tensor:
+        """Feed ``ids`` at positions ``start..`` to the drafters in ``which``; logits (B, n_out, V)."""
+        length = len(ids)
+        self._grow(start + length)
+        index = torch.tensor(ids, dtype=torch.long, device=self.device)
+        x = self.embed[which][:, index]  # (B, T, H)
+        batch = x.shape[0]
+        cos, sin = self._rope(start, length)  # (T, hd)
+        nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
+        mask = None
+        if length > 1:  # position i sees the cache and new positions ≤ i
+            mask = torch.ones(length, start + length, dtype=torch.bool).tril(diagonal=start)
+        for i, layer in enumerate(self.layers):
+            h = self._rms(x, layer["in_norm"][which], self.eps)
+            qkv = torch.bmm(h, layer["qkv"][which])  # (B, T, (nh + 2 nkv) hd)
+            q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+            q = q.view(batch, length, nh, hd).transpose(1, 2)
+            k = k.view(batch, length, nkv, hd).transpose(1, 2)
+            v = v.view(batch, length, nkv, hd).transpose(1, 2)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            self.keys[i][which, :, start : start + length] = k
+            self.values[i][which, :, start : start + length] = v
+            keys = self.keys[i][which, :, : start + length]
+            values = self.values[i][which, :, : start + length]
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=nkv != nh)
+            x = x + torch.bmm(attn.transpose(1, 2).reshape(batch, length, nh * hd), layer["o"][which])
+            h = self._rms(x, layer["post_norm"][which], self.eps)
+            gate, up = torch.bmm(h, layer["gate_up"][which]).chunk(2, dim=-1)
+            x = x + torch.bmm(F.silu(gate) * up, layer["down"][which])
+        x = self._rms(x[:, -n_out:], self.final_norm[which], self.eps)
+        return torch.bmm(x, self.head[which]).float()  # (B, n_out, V)
+
+    def sync_all(self, tokens: Sequence[int], n_out: int) -> torch.Tensor:
+        """Logits (D, n_out, V) of every drafter after ``tokens``, in one batched forward.
+
+        Every slot is cut back to the shortest common prefix (a played drafter may re-feed a few
+        accepted draft tokens) so all drafters continue from the same position.
+        """
+        keep = min(min(common_prefix_len(seen, tokens) for seen in self.tokens), len(tokens) - n_out)
+        logits = self.forward(slice(None), list(tokens[keep:]), keep, n_out)
+        self.tokens = [list(tokens) for _ in range(self.count)]
+        return logits
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class BankLM:
+    """One drafter of a bank, with the :class:`~draftwise.models.CachedLM` interface."""
+
+    def __init__(self, bank: LlamaBank, slot: int, model: Any) -> None:
+        self.bank, self.slot, self.model = bank, slot, model
+        self.which = slice(slot, slot + 1)
+        self.device = bank.device
+        self.vocab_size = bank.vocab_size
+        self.calls = 0
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.bank.tokens[self.slot]
+
+    def reset(self) -> None:
+        self.bank.tokens[self.slot] = []
+
+    def logits(self, tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
+        keep = min(common_prefix_len(self.tokens, tokens), len(tokens) - n_out)
+        self.bank.tokens[self.slot] = list(tokens)
+        self.calls += 1
+        return self.bank.forward(self.which, list(tokens[keep:]), keep, n_out)[0]
+
+    def extend(self, new_tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
+        start = len(self.tokens)
+        self.tokens.extend(new_tokens)
+        self.calls += 1
+        return self.bank.forward(self.which, list(new_tokens), start, n_out)[0]
+
+
+def attach_banks(drafters: Sequence[Any]) -> list[LlamaBank]:
+    """Move LM drafters of one Llama shape onto shared banks (drafters of other kinds stay as they are)."""
+    from draftwise.drafters.lm import LMDrafter
+
+    groups: dict[tuple, list[Any]] = {}
+    for drafter in drafters:
+        if isinstance(drafter, LMDrafter) and (key := bank_key(drafter.lm.model)) is not None:
+            groups.setdefault(key, []).append(drafter)
+    banks = []
+    for members in groups.values():
+        bank = LlamaBank([d.lm.model for d in members])
+        for slot, drafter in enumerate(members):
+            drafter.lm = BankLM(bank, slot, drafter.lm.model)
+            drafter.bank = bank
+        banks.append(bank)
+    return banks
+
