@@ -1,0 +1,113 @@
+"""Stopping rules stop exactly where their formulas say; token- and chunk-level games agree."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from draftwise.drafters import DraftContext, LMDrafter, make_stop_rule
+from draftwise.drafters.stopping import adaedl_threshold, entropy
+from draftwise.feedback import acceptance_loss
+from draftwise.policies.delayed import TokenGame
+
+V = 6
+
+
+def _dist(top: float, second: float) -> torch.Tensor:
+    rest = (1.0 - top - second) / (V - 2)
+    return torch.tensor([top, second] + [rest] * (V - 2))
+
+
+# A scripted sequence of drafter distributions, one per draft position.
+SCRIPT = [_dist(0.97, 0.01), _dist(0.9, 0.05), _dist(0.85, 0.1), _dist(0.6, 0.35), _dist(0.5, 0.1), _dist(0.99, 0.002)]
+
+
+class ScriptedLM:
+    """Stands in for a cached LM: returns the scripted distribution of each position as logits."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.tokens: list[int] = []
+        self.vocab_size = V
+
+    def logits(self, tokens, n_out=1):
+        self.step = 0
+        return torch.log(SCRIPT[0])[None]
+
+    def extend(self, new, n_out=1):
+        self.step += 1
+        return torch.log(SCRIPT[self.step])[None]
+
+
+def _drafted(rule_spec: str) -> int:
+    drafter = LMDrafter.__new__(LMDrafter)
+    drafter.name, drafter.lm, drafter.bank = "scripted", ScriptedLM(), None
+    return len(drafter.propose([1, 2], len(SCRIPT), DraftContext(), make_stop_rule(rule_spec)).tokens)
+
+
+def _first_stop(condition) -> int:
+    """Tokens drafted: the first position ≥ 1 whose distribution meets the stop condition."""
+    return next((j for j in range(1, len(SCRIPT)) if condition(j)), len(SCRIPT))
+
+
+def test_static_drafts_the_whole_budget() -> None:
+    assert _drafted("static") == len(SCRIPT)
+
+
+@pytest.mark.parametrize("h", [0.8, 0.88, 0.95])
+def test_max_confidence(h: float) -> None:
+    assert _drafted(f"max-confidence:h={h}") == _first_stop(lambda j: float(SCRIPT[j].max()) < h)
+
+
+@pytest.mark.parametrize("h", [0.6, 0.8, 1.0])
+def test_svip(h: float) -> None:
+    assert _drafted(f"svip:h={h}") == _first_stop(lambda j: math.sqrt(entropy(SCRIPT[j])) > h)
+
+
+@pytest.mark.parametrize("h", [0.05, 0.2, 0.3])
+def test_svip_difference(h: float) -> None:
+    roots = [math.sqrt(entropy(p)) for p in SCRIPT]
+    assert _drafted(f"svip-difference:h={h}") == _first_stop(lambda j: roots[j] - roots[j - 1] > h)
+
+
+@pytest.mark.parametrize("h", [0.2, 0.5, 0.9])
+def test_logit_margin(h: float) -> None:
+    def margin(j: int) -> float:
+        top = torch.topk(SCRIPT[j], 2).values
+        return float(top[0] - top[1])
+
+    assert _drafted(f"logit-margin:h={h}") == _first_stop(lambda j: margin(j) < h)
+
+
+@pytest.mark.parametrize("lam", [0.2, 0.4, 0.6])
+def test_adaedl_stops_below_its_bound_and_adapts(lam: float) -> None:
+    expected = _first_stop(lambda j: 1 - math.sqrt(entropy(SCRIPT[j])) < lam)
+    assert _drafted(f"adaedl:lam={lam}") == expected
+    rule = make_stop_rule(f"adaedl:lam={lam},target=0.8,beta1=0.5,beta2=0.9,eps=0.01")
+    rule.after_round(drafted=4, accepted=1)  # rate 0.25 < 0.8: λ rises (stop earlier)
+    assert rule.rate == pytest.approx(0.5 * 0.8 + 0.5 * 0.25)
+    assert rule.lam == pytest.approx(adaedl_threshold(lam, rule.rate, 0.8, 0.9, 0.01))
+    assert rule.lam > lam
+    rule.lam = lam
+    rule.rate = 0.95
+    rule.after_round(drafted=4, accepted=4)  # above target: λ falls
+    assert rule.lam < lam
+
+
+def test_token_and_chunk_games_see_the_same_total_acceptance_loss() -> None:
+    rng = np.random.default_rng(0)
+    arms, total = 4, 0
+    game = TokenGame(arms, depth=5, kind="accept")
+    chunk_total = np.zeros(arms)
+    token_total = np.zeros(arms)
+    for _ in range(30):  # a fixed trajectory of rounds with 1..6 verified positions each
+        gammas = rng.uniform(size=(arms, int(rng.integers(1, 7))))
+        chunk_total += acceptance_loss(gammas) * gammas.shape[1]  # the chunk loss is a per-round mean
+        for losses in game.add(gammas):
+            token_total += losses
+        total += gammas.shape[1]
+    np.testing.assert_allclose(token_total, chunk_total, rtol=1e-12)
+    assert total > 30
