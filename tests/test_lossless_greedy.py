@@ -22,7 +22,7 @@ SETUPS = {
     "llama-lm": ("llama-target", ["llama-near", "llama-small"], ["ucb", "round-robin", "random"]),
     "llama-twin": ("llama-target", ["llama-twin"], ["fixed:0"]),  # everything accepted
     "llama-point-mass": ("llama-target", ["pld", "suffix", "pld:max_ngram=1"], ["ucb:reward=be", "round-robin"]),
-    "llama-mixed": ("llama-target", ["llama-near", "pld", "suffix", "llama-twin"], ["ucb", "random"]),
+    "llama-mixed": ("llama-target", ["llama-near", "pld", "suffix", "llama-twin"], ["ucb", "random", "hierarchical"]),
     "gpt2-lm": ("gpt2-target", ["gpt2-near", "pld", "suffix"], ["ucb", "round-robin"]),
     "llama-none": ("llama-target", [], ["ucb"]),  # plain decoding
 }

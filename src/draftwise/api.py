@@ -14,7 +14,7 @@ from draftwise.engine import Engine, QuerySettings
 from draftwise.errors import DraftwiseError
 from draftwise.fastlm import attach_banks
 from draftwise.models import CachedLM, LoadOptions, context_limit, load_causal_lm
-from draftwise.policies import PRESETS, make_policy
+from draftwise.policies import POLICIES, PRESETS, make_policy
 from draftwise.trace import GenerationResult, summarize
 from draftwise.verify import Sampling
 
@@ -184,6 +184,7 @@ def arm_settings(
     """The arm layout and settings: explicit arguments first, then the policy preset's, then defaults."""
     name = policy.split(":", 1)[0]
     preset = PRESETS.get(name) if name in PRESETS else None
+    policy_arms = getattr(POLICIES.get(name), "default_arms", None) if name in POLICIES else None
 
     def pick(value: Any, preset_value: Any, default: Any) -> Any:
         return value if value is not None else (preset_value if preset_value is not None else default)
@@ -197,7 +198,7 @@ def arm_settings(
     for key in ("draft_len", "max_draft"):
         if getattr(settings, key) < 1:
             raise DraftwiseError(f"{key} must be ≥ 1, got {getattr(settings, key)}")
-    return pick(arms, preset and preset.arms, "drafters"), settings
+    return pick(arms, preset and preset.arms, policy_arms or "drafters"), settings
 
 
 def _check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> Sampling:

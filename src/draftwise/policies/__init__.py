@@ -8,6 +8,7 @@ from draftwise.policies import (  # noqa: F401  (registration side effects)
     greedy,
     halving,
     hedge,
+    hierarchical,
     presets,
     simple,
     thompson,

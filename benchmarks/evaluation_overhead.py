@@ -1,0 +1,102 @@
+"""Evaluation-phase overhead (HedgeSpec's full-information feedback) per round, as a share of one
+target forward, with 4 LM drafters of the zoo's drafter size — batched on a LlamaBank or one by one
+through transformers — and with a pool of PLD + suffix only.
+
+Zoo-shaped random-weight models (target 4 × 384, drafters 1 × 128, vocab 8192) unless --zoo.
+Warm-up excluded; medians over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+THREADS = 2  # the machine's cores
+NEW_TOKENS = 96  # tokens per query
+QUERIES = 4  # timed queries per configuration
+
+
+def build_models(root: Path) -> tuple[str, list[str]]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    common = dict(vocab_size=8192, max_position_embeddings=1024, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(LlamaConfig(hidden_size=384, intermediate_size=1024, num_hidden_layers=4,
+                                          num_attention_heads=6, num_key_value_heads=6, **common))
+    target.save_pretrained(root / "target")
+    paths = []
+    for i in range(4):
+        drafter = LlamaForCausalLM(LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=1,
+                                               num_attention_heads=4, num_key_value_heads=4, **common))
+        drafter.save_pretrained(root / f"drafter{i}")
+        paths.append(str(root / f"drafter{i}"))
+    return str(root / "target"), paths
+
+
+@torch.inference_mode()
+def target_forward_ms(model, context: int = 160, repeats: int = 60) -> float:
+    from draftwise.models import CachedLM
+
+    lm = CachedLM(model)
+    tokens = list(range(10, 10 + context))
+    lm.logits(tokens, 1)
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        lm.extend([11 + i % 50], 1)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--zoo", action="store_true", help="use zoo:target and four zoo drafters")
+    parser.add_argument("--threads", type=int, default=THREADS)
+    parser.add_argument("--out", help="write the figures as JSON here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    from draftwise import Generator
+
+    hf_logging.disable_progress_bar()
+    tmp = tempfile.TemporaryDirectory()
+    if args.zoo:
+        from draftwise.zoo import zoo_drafter_names
+
+        target, drafters = "zoo:target", [f"zoo:{n}" for n in zoo_drafter_names()[:4]]
+    else:
+        target, drafters = build_models(Path(tmp.name))
+    prompts = [[(7 * q + 3 * i) % 8000 + 10 for i in range(48)] for q in range(QUERIES + 1)]
+    configs = {
+        "4 LM, batched (bank), every round": (drafters, "normalhedge", True),
+        "4 LM, one by one (transformers), every round": (drafters, "normalhedge", False),
+        "4 LM, batched, hedgespec (skip 6 tokens)": (drafters, "hedgespec", True),
+        "PLD + suffix only, every round": (["pld", "suffix"], "normalhedge", True),
+    }
+    forward_ms = None
+    figures: dict[str, dict[str, float]] = {}
+    for label, (pool, policy, fast) in configs.items():
+        gen = Generator.from_pretrained(target, pool, policy=policy, fast_drafters=fast)
+        if forward_ms is None:
+            forward_ms = target_forward_ms(gen.model)
+        gen.generate(prompts[0], max_new_tokens=16, ignore_eos=True)  # warm-up
+        per_round = []
+        for prompt in prompts[1:]:
+            result = gen.generate(prompt, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+            per_round.extend(r.eval_s * 1000 for r in result.trace)
+        mean_ms = statistics.mean(per_round)
+        figures[label] = {"eval_ms_per_round": mean_ms, "share_of_target_forward": mean_ms / forward_ms}
+    print(json.dumps({"target_forward_ms": forward_ms, "configs": figures}, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"target_forward_ms": forward_ms, "configs": figures}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
