@@ -75,6 +75,7 @@ CONCENTRATION = [
     ("normalhedge:game=chunk", 200, 0.90),
     ("normalhedge:loss=hybrid", 200, 0.90),
     ("adanormalhedge", 300, 0.90),
+    ("hierarchical:outer=ucb,inner=ucb", 400, 0.90),  # one arm per drafter here: the outer learner decides
 ]
 
 
