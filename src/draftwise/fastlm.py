@@ -13,6 +13,7 @@ The target always runs through transformers' own forward.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 import torch
@@ -51,6 +52,40 @@ def _stack(tensors: list[torch.Tensor], transpose: bool = False) -> torch.Tensor
     return torch.stack([t.detach().t() if transpose else t.detach() for t in tensors]).contiguous()
 
 
+# Stacked weights are read-only: banks over the same models (one per Generator, e.g. one per
+# benchmark method) share them. Keyed weakly by the first model, then by every member's identity.
+_WEIGHTS: "weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], dict[str, Any]]]" = weakref.WeakKeyDictionary()
+
+
+def _stacked_weights(models: Sequence[Any]) -> dict[str, Any]:
+    per_first = _WEIGHTS.setdefault(models[0], {})
+    key = tuple(id(m) for m in models)
+    if key not in per_first:
+        inner = [m.model for m in models]
+        layers = []
+        for i in range(models[0].config.num_hidden_layers):
+            blocks = [m.layers[i] for m in inner]
+            attn = [b.self_attn for b in blocks]
+            mlp = [b.mlp for b in blocks]
+            layers.append({
+                "in_norm": _stack([b.input_layernorm.weight for b in blocks]),
+                "post_norm": _stack([b.post_attention_layernorm.weight for b in blocks]),
+                "qkv": torch.cat([_stack([a.q_proj.weight for a in attn], True), _stack([a.k_proj.weight for a in attn], True),
+                                  _stack([a.v_proj.weight for a in attn], True)], dim=2).contiguous(),  # (D, H, (nh+2nkv)·hd)
+                "o": _stack([a.o_proj.weight for a in attn], True),
+                "gate_up": torch.cat([_stack([m.gate_proj.weight for m in mlp], True),
+                                      _stack([m.up_proj.weight for m in mlp], True)], dim=2).contiguous(),
+                "down": _stack([m.down_proj.weight for m in mlp], True),
+            })
+        per_first[key] = {
+            "embed": _stack([m.embed_tokens.weight for m in inner]),  # (D, V, H)
+            "head": _stack([m.lm_head.weight for m in models], transpose=True),  # (D, H, V)
+            "final_norm": _stack([m.norm.weight for m in inner]),  # (D, H)
+            "layers": layers,
+        }
+    return per_first[key]
+
+
 class LlamaBank:
     """D Llama drafters of one shape: stacked weights, one KV cache slot each."""
 
@@ -63,25 +98,9 @@ class LlamaBank:
         self.vocab_size = config.vocab_size
         theta = _rope_theta(config)
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
-        inner = [m.model for m in models]
-        self.embed = _stack([m.embed_tokens.weight for m in inner])  # (D, V, H)
-        self.head = _stack([m.lm_head.weight for m in models], transpose=True)  # (D, H, V)
-        self.final_norm = _stack([m.norm.weight for m in inner])  # (D, H)
-        self.layers = []
-        for i in range(config.num_hidden_layers):
-            blocks = [m.layers[i] for m in inner]
-            attn = [b.self_attn for b in blocks]
-            mlp = [b.mlp for b in blocks]
-            self.layers.append({
-                "in_norm": _stack([b.input_layernorm.weight for b in blocks]),
-                "post_norm": _stack([b.post_attention_layernorm.weight for b in blocks]),
-                "qkv": torch.cat([_stack([a.q_proj.weight for a in attn], True), _stack([a.k_proj.weight for a in attn], True),
-                                  _stack([a.v_proj.weight for a in attn], True)], dim=2).contiguous(),  # (D, H, (nh+2nkv)·hd)
-                "o": _stack([a.o_proj.weight for a in attn], True),
-                "gate_up": torch.cat([_stack([m.gate_proj.weight for m in mlp], True),
-                                      _stack([m.up_proj.weight for m in mlp], True)], dim=2).contiguous(),
-                "down": _stack([m.down_proj.weight for m in mlp], True),
-            })
+        weights = _stacked_weights(models)
+        self.embed, self.head, self.final_norm, self.layers = (
+            weights["embed"], weights["head"], weights["final_norm"], weights["layers"])
         self.dtype, self.device = self.embed.dtype, self.embed.device
         self.capacity = 0
         self.keys: list[torch.Tensor] = []
