@@ -86,9 +86,7 @@ class Engine:
                     stopped_by = stop
                     break
             if self.pending and getattr(self.policy, "keep", False):  # state outlives the query: flush
-                self._evaluate(context, dctx)
-                for item in self.pending:
-                    item.record.reward = self.policy.update(item.record.arm, item.record)
+                self._deliver_pending(context, dctx)
         except KeyboardInterrupt:
             stopped_by = "interrupted"  # what was generated so far is kept and returned
         wall = time.perf_counter() - start
@@ -139,14 +137,9 @@ class Engine:
         if self.policy.full_information:
             self._queue_evaluation(record, context, before, new, logits, target_probs, dctx)
             if self.policy.wants_evaluation(index + 1, self.pending_tokens):
-                t4 = clock()
-                self._evaluate(context, dctx)
-                t5 = clock()
-                for item in self.pending:
-                    item.record.reward = self.policy.update(item.record.arm, item.record)
-                record.eval_s += t5 - t4
-                record.policy_s += clock() - t5
-                self.pending, self.pending_tokens = [], 0
+                eval_s, policy_s = self._deliver_pending(context, dctx)
+                record.eval_s += eval_s
+                record.policy_s += policy_s
         else:
             t4 = clock()
             record.reward = self.policy.update(arm_index, record)
@@ -155,6 +148,18 @@ class Engine:
         return record, stop
 
     # -- the evaluation phase (full-information feedback) ----------------------------------------
+    def _deliver_pending(self, context: list[int], dctx: DraftContext) -> tuple[float, float]:
+        """Evaluate the pending rounds, then give each record to the policy in order.
+
+        Returns the seconds spent evaluating and updating."""
+        t0 = time.perf_counter()
+        self._evaluate(context, dctx)
+        t1 = time.perf_counter()
+        for item in self.pending:
+            item.record.reward = self.policy.update(item.record.arm, item.record)
+        self.pending, self.pending_tokens = [], 0
+        return t1 - t0, time.perf_counter() - t1
+
     def _queue_evaluation(self, record: RoundRecord, context: list[int], before: int, new: list[int],
                           logits: torch.Tensor, target_probs: torch.Tensor | None, dctx: DraftContext) -> None:
         start = time.perf_counter()
