@@ -1,0 +1,51 @@
+"""The shipped zoo through the engine: greedy losslessness on zoo models, and the embedded
+default of `draftwise generate` (no --target: zoo target, every zoo drafter, PLD and suffix)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from draftwise import Generator
+from draftwise.cli import main
+from draftwise.zoo import load
+
+needs_zoo = pytest.mark.skipif(not (load.shipped_models_dir() / load.MANIFEST).exists(),
+                               reason="no zoo shipped in src/draftwise/zoo/models yet")
+PROMPTS = [
+    "Write a Python function that returns the largest element of a list.",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+    "Translate to German: The weather is nice today.",
+    "what is the capital of france",
+]
+
+
+@needs_zoo
+def test_greedy_losslessness_on_zoo_models() -> None:
+    gen = Generator.from_pretrained("zoo:target", ["zoo:all", "pld", "suffix"], policy="ucb")
+    reference = AutoModelForCausalLM.from_pretrained(load.resolve_zoo_name("zoo:target")).eval()
+    mats = []
+    for prompt in PROMPTS:
+        result = gen.generate(prompt, max_new_tokens=48)
+        ids = torch.tensor([result.prompt_ids])
+        with torch.inference_mode():
+            out = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=48)
+        expected = out[0, ids.shape[1]:].tolist()
+        eos = gen.eos_ids
+        cut = next((i + 1 for i, t in enumerate(expected) if t in eos), len(expected))
+        assert result.token_ids == expected[:cut], prompt
+        mats.append(result.stats.mat)
+    assert sum(mats) / len(mats) > 1.2  # the zoo's drafters do accelerate
+
+
+@needs_zoo
+def test_generate_defaults_to_the_embedded_zoo(capsys) -> None:
+    code = main(["generate", "--max-new-tokens", "24", "--json", PROMPTS[0]])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["stats"]["new_tokens"] > 0
+    arms = set(out["stats"]["pulls"])
+    assert arms <= {*load.zoo_drafter_names(), "pld", "suffix"}
