@@ -120,3 +120,20 @@ def test_skipping_defers_and_batches_the_evaluation(llama, monkeypatch) -> None:
     delivered = [r for r in result.trace if r.counterfactual is not None]
     assert sum(batches) == sum(r.emitted for r in delivered)  # each evaluated token once
     assert all(r.reward is not None for r in delivered)
+
+
+def test_prompt_prior_starts_on_the_drafter_that_predicts_the_prompt(tiny_models, llama) -> None:
+    model, tokenizer, pool = llama
+    # a prompt the target itself wrote: the target's twin predicts every token of it
+    seed_prompt = [5, 9, 13]
+    written = Generator(model, tokenizer, [], policy="fixed:0").generate(seed_prompt, max_new_tokens=40, ignore_eos=True)
+    prompt = seed_prompt + written.token_ids
+    options = LoadOptions()
+    specs = ["pld", str(tiny_models["llama-small"]), str(tiny_models["llama-twin"])]
+    for policy, first in (("ucb:prompt_prior=3", "llama-twin"), ("hedgespec:prompt_prior=4", None)):
+        gen = Generator(model, tokenizer, build_drafters(specs, model, tokenizer, options), policy=policy)
+        result = gen.generate(prompt, max_new_tokens=24, ignore_eos=True)
+        if first is not None:
+            assert result.trace[0].arm_name == first, policy
+        if "prompt_prior" in policy:
+            assert result.stats.pulls.get("llama-twin", 0) >= 0.8 * result.stats.rounds, policy

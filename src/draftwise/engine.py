@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from draftwise.arms import Arm
+from draftwise.feedback import reward_from_acceptance
 from draftwise.drafters import Draft, DraftContext, Drafter, LMDrafter, StopRule, make_stop_rule
 from draftwise.models import CachedLM
 from draftwise.policies import Policy
@@ -21,6 +22,8 @@ from draftwise.trace import RoundRecord
 from draftwise.verify import Sampling, Verdict, verify_greedy, verify_sampling, warp
 
 log = logging.getLogger(__name__)
+
+PROMPT_WINDOW = 64  # prompt tokens the prompt prior scores each drafter on
 
 # Given the generated tokens so far, the length to keep if a stop string just completed, else None.
 StopCheck = Callable[[list[int]], "int | None"]
@@ -65,6 +68,7 @@ class Engine:
         self.rules: list[StopRule | None] = []
         self.pending: list[PendingRound] = []
         self.pending_tokens = 0
+        self.prompt_prior_s = 0.0
 
     def run(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator) -> QueryOutcome:
         context = list(prompt)
@@ -73,11 +77,13 @@ class Engine:
         stopped_by = "max_new_tokens"
         start = time.perf_counter()
         self.policy.begin_query()
-        self.pending, self.pending_tokens = [], 0
+        self.pending, self.pending_tokens, self.prompt_prior_s = [], 0, 0.0
         # stopping rules with state (AdaEDL's threshold) start afresh each query, like the learners
         self.rules = [make_stop_rule(arm.stop, self.policy.rng) if arm.stop else None for arm in self.arms]
         for drafter in self.drafters:
             drafter.begin_query(context)
+        if self.policy.prompt_prior > 0 and self.policy.supports_prior:
+            self._warm_start_from_prompt(context, dctx)
         try:
             while (generated := len(context) - len(prompt)) < settings.max_new_tokens:
                 record, stop = self._round(len(records), context, generated, settings, dctx)
@@ -146,6 +152,47 @@ class Engine:
             record.policy_s += clock() - t4
         record.policy_s += t1 - t0
         return record, stop
+
+    # -- the prompt prior --------------------------------------------------------------------------
+    def _warm_start_from_prompt(self, prompt: list[int], dctx: DraftContext) -> None:
+        """Warm-start the policy from how well each drafter predicts the prompt's own tokens.
+
+        No target call: a drafter's top-1 accuracy on the last ``PROMPT_WINDOW`` prompt tokens is
+        a cheap domain-fit signal (LM drafters prefill the prompt anyway to draft; a bank does it
+        for all of them in one batched forward). Converted into the policy's reward units.
+        """
+        window = min(len(prompt) - 1, PROMPT_WINDOW)
+        if window < 2:
+            return
+        start = time.perf_counter()
+        targets = torch.tensor(prompt[len(prompt) - window :])
+        rates: dict[int | None, float] = {None: 0.0}
+        batched: dict[int, torch.Tensor] = {}
+        for i, drafter in enumerate(self.drafters):
+            if not self._evaluated(i):
+                continue
+            if isinstance(drafter, LMDrafter):
+                if drafter.bank is None:
+                    logits = drafter.next_logits(prompt[:-1], window)
+                else:
+                    if id(drafter.bank) not in batched:
+                        batched[id(drafter.bank)] = drafter.bank.sync_all(prompt[:-1], window)
+                    logits = batched[id(drafter.bank)][drafter.lm.slot]
+                rates[i] = float((logits.argmax(-1) == targets).float().mean())
+            else:
+                guesses = self._proposals_along(drafter, prompt[: len(prompt) - window], prompt[len(prompt) - window :], dctx)
+                rates[i] = sum(g == t for g, t in zip(guesses, targets.tolist())) / window
+        if self.policy.full_information:
+            values = [rates[arm.drafter] for arm in self.arms]
+        else:
+            converted = [reward_from_acceptance(rates[arm.drafter], self.policy.reward, max(arm.draft_len, 1))
+                         for arm in self.arms]
+            if any(v is None for v in converted):
+                log.info("prompt prior: no acceptance model for reward %r; skipped", self.policy.reward)
+                return
+            values = [float(v) for v in converted]
+        self.policy.set_prior(values, self.policy.prompt_prior)
+        self.prompt_prior_s = time.perf_counter() - start
 
     # -- the evaluation phase (full-information feedback) ----------------------------------------
     def _deliver_pending(self, context: list[int], dctx: DraftContext) -> tuple[float, float]:

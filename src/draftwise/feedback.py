@@ -190,3 +190,28 @@ def token_losses(gammas: np.ndarray, depth: int, kind: str) -> np.ndarray:
     windows = np.lib.stride_tricks.sliding_window_view(gammas, depth, axis=1)  # (arms, n, K)
     return length_loss(windows).T
 
+
+
+# -- priors: a per-token acceptance rate in a signal's units -----------------------------------
+def expected_accepted(rate: float, draft_len: int) -> float:
+    """E[accepted draft tokens] for i.i.d. acceptance ``rate`` and ``draft_len`` tokens: Σ_k a^k.
+
+    >>> expected_accepted(0.5, 2)
+    0.75
+    """
+    return sum(rate**k for k in range(1, draft_len + 1))
+
+
+_FROM_RATE: dict[str, Callable[[float, int], float]] = {
+    "bd": lambda a, L: a,
+    "be": lambda a, L: expected_accepted(a, L) / L,
+    "blend": lambda a, L: expected_accepted(a, L) / L,
+    "length": lambda a, L: 1.0 + expected_accepted(a, L),
+    "expected_length": lambda a, L: 1.0 + expected_accepted(a, L),
+}
+
+
+def reward_from_acceptance(rate: float, signal_spec: str, draft_len: int) -> float | None:
+    """What a round with per-token acceptance ``rate`` is worth under a signal (None: no model)."""
+    convert = _FROM_RATE.get(signal_spec.split(":", 1)[0])
+    return None if convert is None or draft_len < 1 else convert(rate, draft_len)

@@ -49,6 +49,7 @@ class Policy(ABC):
         decay: float = 1.0,
         prior: str = "",
         prior_weight: float = 1.0,
+        prompt_prior: float = 0.0,
     ) -> None:
         if not arms:
             raise DraftwiseError("a policy needs at least one arm")
@@ -63,8 +64,13 @@ class Policy(ABC):
             raise DraftwiseError(f"decay must be in [0, 1], got {decay}")
         if prior_weight < 0:
             raise DraftwiseError(f"prior_weight must be >= 0, got {prior_weight}")
+        if prompt_prior < 0:
+            raise DraftwiseError(f"prompt_prior must be >= 0, got {prompt_prior}")
         self.keep = keep
         self.decay = decay
+        # Worth of the prompt prior in pseudo-observations (0: off): the engine scores every
+        # drafter on the prompt's own tokens before the first round and warm-starts with that.
+        self.prompt_prior = prompt_prior
         self.prior_weight = prior_weight
         self.prior = parse_prior(prior, self.arms) if prior else None
         self.queries = 0
@@ -110,6 +116,10 @@ class Policy(ABC):
     def _apply_prior(self) -> None:
         if self.prior is not None:
             self.warm_start(self.prior, self.prior_weight)
+
+    @property
+    def supports_prior(self) -> bool:
+        return type(self).warm_start is not Policy.warm_start
 
     def warm_start(self, means: np.ndarray, weight: float) -> None:
         """Start from ``means`` worth ``weight`` pseudo-observations per arm."""
