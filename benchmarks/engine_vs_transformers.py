@@ -49,10 +49,14 @@ def build_random_models(root: Path) -> tuple[str, str]:
     return paths[0], paths[1]
 
 
-def prompt_ids(args: argparse.Namespace, tokenizer) -> list[list[int]]:
+def prompt_ids(args: argparse.Namespace, encode) -> list[list[int]]:
+    """Token ids of the prompts: a JSONL file's (through the tokenizer's chat template when it has
+    one, as `draftwise generate` does), or random ids for random-weight models."""
     if args.prompts_file:
-        texts = [json.loads(line)["prompt"] for line in Path(args.prompts_file).read_text().splitlines() if line.strip()]
-        return [tokenizer(t)["input_ids"] for t in texts[: args.prompts]]
+        rows = [json.loads(line) for line in Path(args.prompts_file).read_text().splitlines() if line.strip()]
+        texts = [row.get("prompt") or row["instruction"] for row in rows]
+        step = max(1, len(texts) // args.prompts)  # spread over the file (it may be sorted by domain)
+        return [encode(t) for t in texts[::step][: args.prompts]]
     gen = torch.Generator().manual_seed(1)
     return [torch.randint(10, 8000, (args.prompt_len,), generator=gen).tolist() for _ in range(args.prompts)]
 
@@ -100,7 +104,7 @@ def main() -> None:
     drafter, _ = load_causal_lm(drafter_path, LoadOptions())
     plain = Generator.from_pretrained(target_path, [], policy="fixed:none")
     spec = Generator.from_pretrained(target_path, [drafter_path], policy="fixed:0", draft_len=args.draft_len)
-    prompts = prompt_ids(args, tokenizer)
+    prompts = prompt_ids(args, plain.encode)
 
     def ours(gen: Generator, ids: list[int]):
         return gen.generate(ids, max_new_tokens=args.max_new_tokens)
