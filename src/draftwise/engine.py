@@ -19,6 +19,7 @@ from draftwise.drafters import Draft, DraftContext, Drafter, LMDrafter, StopRule
 from draftwise.models import CachedLM
 from draftwise.policies import Policy
 from draftwise.trace import RoundRecord
+from draftwise.tree import TreeVerdict, fit_tree, verify_tree_greedy, verify_tree_sampling
 from draftwise.verify import Sampling, Verdict, verify_greedy, verify_sampling, warp
 
 log = logging.getLogger(__name__)
@@ -111,14 +112,19 @@ class Engine:
         budget = min(arm.draft_len, settings.max_new_tokens - generated - 1)
         draft = self._draft(arm, self.rules[arm_index], context, budget, dctx)
         t2 = clock()
-        # 3. verify the whole draft in one target forward
+        # 3. verify the whole draft (chain or tree) in one target forward
         n = len(draft.tokens)
-        logits = self.target.logits(context + draft.tokens, n + 1)  # (n + 1, V)
-        target_probs = None if settings.sampling.greedy else warp(logits, settings.sampling)
-        verdict = self._verify(draft, logits, target_probs, dctx)
+        if draft.parents is None:
+            logits = self.target.logits(context + draft.tokens, n + 1)  # (n + 1, V)
+            target_probs = None if settings.sampling.greedy else warp(logits, settings.sampling)
+            verdict = self._verify(draft, logits, target_probs, dctx)
+            accepted = draft.tokens[: verdict.accepted]
+        else:
+            logits, target_probs, verdict = self._verify_tree(draft, context, settings.sampling, dctx)
+            accepted = [draft.tokens[i] for i in verdict.path]
         if self.rules[arm_index] is not None:
             self.rules[arm_index].after_round(n, verdict.accepted, verdict.next_token)
-        new = draft.tokens[: verdict.accepted] + [verdict.next_token]
+        new = accepted + [verdict.next_token]
         stop = None
         for i, token in enumerate(new):
             if token in settings.eos_ids:
@@ -272,9 +278,23 @@ class Engine:
         if arm.drafter is None or budget <= 0:
             return Draft([])
         draft = self.drafters[arm.drafter].propose(context, budget, dctx, rule)
+        if draft.parents is not None:  # a tree: its depth (the accepted length) is what the budget bounds
+            return fit_tree(draft, budget)
         if len(draft.tokens) > budget:  # a drafter must not exceed its budget; trim defensively
             draft = Draft(draft.tokens[:budget], None if draft.probs is None else draft.probs[:budget])
         return draft
+
+    def _verify_tree(self, draft: Draft, context: list[int], sampling: Sampling,
+                     dctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor | None, TreeVerdict]:
+        """Verify a tree in one forward; the target's rows come back along the verified path
+        (row j = the target at verified position j), as a chain's would."""
+        logits = self.target.tree_logits(context, draft.tokens, draft.parents)  # (n + 1, V)
+        if sampling.greedy:
+            verdict = verify_tree_greedy(draft.tokens, draft.parents, logits)
+            return logits[verdict.rows], None, verdict
+        target_probs = warp(logits, sampling)
+        verdict = verify_tree_sampling(draft.tokens, draft.parents, draft.probs, target_probs, dctx.generator)
+        return logits[verdict.rows], target_probs[verdict.rows], verdict
 
     @staticmethod
     def _verify(draft: Draft, logits: torch.Tensor, target_probs: torch.Tensor | None, dctx: DraftContext) -> Verdict:

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from draftwise.models import common_prefix_len
+from draftwise.models import TreeCacheMixin, common_prefix_len
 
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
               "vocab_size", "rms_norm_eps", "tie_word_embeddings")
@@ -107,6 +107,7 @@ class LlamaBank:
         self.values: list[torch.Tensor] = []
         self._grow(256)
         self.tokens: list[list[int]] = [[] for _ in range(self.count)]  # per drafter: tokens in its slot
+        self.views: list[Any] = [None] * self.count  # the BankLM of each slot (to resolve pending draft trees)
 
     def _grow(self, needed: int) -> None:
         if needed <= self.capacity:
@@ -119,8 +120,7 @@ class LlamaBank:
             new[:, :, : self.capacity] = old
         self.keys, self.values, self.capacity = keys, values, capacity
 
-    def _rope(self, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(start, start + length, dtype=torch.float32)
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = torch.outer(positions, self.inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
@@ -131,17 +131,23 @@ class LlamaBank:
         return weight[:, None, :] * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
     @torch.inference_mode()
-    def forward(self, which: slice, ids: list[int], start: int, n_out: int) -> torch.Tensor:
-        """Feed ``ids`` at positions ``start..`` to the drafters in ``which``; logits (B, n_out, V)."""
+    def forward(self, which: slice, ids: list[int], start: int, n_out: int, positions: list[int] | None = None,
+                allowed: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed ``ids`` into cache slots ``start..`` of the drafters in ``which``; logits (B, n_out, V).
+
+        By default at positions ``start..`` with a causal mask; a draft tree passes its own
+        (depth-based) ``positions`` and ``allowed`` (len(ids), start + len(ids)) bool mask.
+        """
         length = len(ids)
         self._grow(start + length)
         index = torch.tensor(ids, dtype=torch.long, device=self.device)
         x = self.embed[which][:, index]  # (B, T, H)
         batch = x.shape[0]
-        cos, sin = self._rope(start, length)  # (T, hd)
+        where = torch.arange(start, start + length) if positions is None else torch.tensor(positions)
+        cos, sin = self._rope(where.float())  # (T, hd)
         nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
-        mask = None
-        if length > 1:  # position i sees the cache and new positions ≤ i
+        mask = allowed
+        if mask is None and length > 1:  # position i sees the cache and new positions ≤ i
             mask = torch.ones(length, start + length, dtype=torch.bool).tril(diagonal=start)
         for i, layer in enumerate(self.layers):
             h = self._rms(x, layer["in_norm"][which], self.eps)
@@ -167,8 +173,12 @@ class LlamaBank:
         """Logits (D, n_out, V) of every drafter after ``tokens``, in one batched forward.
 
         Every slot is cut back to the shortest common prefix (a played drafter may re-feed a few
-        accepted draft tokens) so all drafters continue from the same position.
+        accepted draft tokens) so all drafters continue from the same position. A slot's pending
+        draft tree is resolved first (its accepted path kept).
         """
+        for view in self.views:
+            if view is not None and view.tree is not None:
+                view._resolve_tree(tokens)
         keep = min(min(common_prefix_len(seen, tokens) for seen in self.tokens), len(tokens) - n_out)
         logits = self.forward(slice(None), list(tokens[keep:]), keep, n_out)
         self.tokens = [list(tokens) for _ in range(self.count)]
@@ -181,11 +191,13 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
-class BankLM:
+class BankLM(TreeCacheMixin):
     """One drafter of a bank, with the :class:`~draftwise.models.CachedLM` interface."""
 
     def __init__(self, bank: LlamaBank, slot: int, model: Any) -> None:
         self.bank, self.slot, self.model = bank, slot, model
+        self.tree = None
+        bank.views[slot] = self
         self.which = slice(slot, slot + 1)
         self.device = bank.device
         self.vocab_size = bank.vocab_size
@@ -195,20 +207,42 @@ class BankLM:
     def tokens(self) -> list[int]:
         return self.bank.tokens[self.slot]
 
+    @tokens.setter
+    def tokens(self, value: list[int]) -> None:
+        self.bank.tokens[self.slot] = value
+
     def reset(self) -> None:
         self.bank.tokens[self.slot] = []
 
     def logits(self, tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
+        self._resolve_tree(tokens)
         keep = min(common_prefix_len(self.tokens, tokens), len(tokens) - n_out)
         self.bank.tokens[self.slot] = list(tokens)
         self.calls += 1
         return self.bank.forward(self.which, list(tokens[keep:]), keep, n_out)[0]
 
     def extend(self, new_tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
+        if self.tree is not None:
+            return self.logits(self.tokens + list(new_tokens), n_out)
         start = len(self.tokens)
         self.tokens.extend(new_tokens)
         self.calls += 1
         return self.bank.forward(self.which, list(new_tokens), start, n_out)[0]
+
+    # the draft-tree hooks: the slot's buffers are fixed-size, entries past the end are just overwritten
+    def _masked_forward(self, ids: list[int], positions: list[int], allowed: torch.Tensor, n_out: int) -> torch.Tensor:
+        self.calls += 1
+        start = allowed.shape[1] - len(ids)
+        return self.bank.forward(self.which, ids, start, n_out, positions, allowed)[0]
+
+    def _move(self, sources: list[int], start: int) -> None:
+        index = torch.tensor(sources, dtype=torch.long)
+        for buffers in (self.bank.keys, self.bank.values):
+            for layer in buffers:
+                layer[self.slot, :, start : start + len(sources)] = layer[self.slot, :, index]
+
+    def _truncate(self, length: int) -> None:
+        pass  # attention never reads past the entries a forward is told about
 
 
 def attach_banks(drafters: Sequence[Any]) -> list[LlamaBank]:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
 from draftwise.errors import DraftwiseError
+from draftwise.tree import additive_mask, check_tree, match_path, tree_attention_mask, tree_positions
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,89 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
-class CachedLM:
+class TreeCacheMixin:
+    """Tree drafts in a token-following cache: feed a tree in one forward, keep only the accepted path.
+
+    While a tree is pending, ``self.tokens`` is the context it hangs from and the cache holds the
+    context followed by the tree's nodes. The next sync (to any token sequence) first resolves the
+    tree: the longest root path matching the sequence's continuation is gathered into place right
+    after the context and every other node is dropped, so accepted tokens are never recomputed.
+    Subclasses provide ``_masked_forward``, ``_move`` and ``_truncate``.
+    """
+
+    tokens: list[int]
+    tree: "PendingTree | None" = None
+
+    def _masked_forward(self, ids: list[int], positions: list[int], allowed: torch.Tensor, n_out: int) -> torch.Tensor:
+        """Feed ``ids`` after the cache with explicit positions and a (len(ids), cache + len(ids)) bool mask."""
+        raise NotImplementedError
+
+    def _move(self, sources: list[int], start: int) -> None:
+        """Copy the cache entries at ``sources`` to ``start, start + 1, …``."""
+        raise NotImplementedError
+
+    def _truncate(self, length: int) -> None:
+        """Keep the first ``length`` cache entries."""
+        raise NotImplementedError
+
+    def _resolve_tree(self, tokens: Sequence[int]) -> None:
+        tree = self.tree
+        if tree is None:
+            return
+        self.tree = None
+        base = tree.base
+        path: list[int] = []
+        if list(tokens[:base]) == self.tokens[:base]:
+            path = match_path(tree.tokens, tree.parents, tokens[base:])
+        if path:
+            self._move([base + i for i in path], base)
+        self._truncate(base + len(path))
+        self.tokens = self.tokens[:base] + [tree.tokens[i] for i in path]
+
+    @torch.inference_mode()
+    def tree_logits(self, context: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Logits (n + 1, V) after the context (row 0) and after each tree node (row i + 1), one forward.
+
+        Unseen context tokens are fed in the same forward, ahead of the nodes.
+        """
+        self._resolve_tree(context)
+        keep = min(common_prefix_len(self.tokens, context), len(context) - 1)
+        self._truncate(keep)
+        fresh = list(context[keep:])
+        self.tokens = list(context)
+        self.tree = PendingTree(len(context))
+        return self._grow_tree(fresh, keep, tokens, parents, len(tokens) + 1)
+
+    @torch.inference_mode()
+    def tree_extend(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Add nodes to the pending tree (a new one hangs from ``self.tokens``); logits (len(tokens), V).
+
+        ``parents`` index the whole tree (earlier nodes included), −1 = the root.
+        """
+        if self.tree is None:
+            self.tree = PendingTree(len(self.tokens))
+        return self._grow_tree([], len(self.tokens), tokens, parents, len(tokens))
+
+    def _grow_tree(self, fresh: list[int], cached: int, tokens: Sequence[int], parents: Sequence[int],
+                   n_out: int) -> torch.Tensor:
+        tree = self.tree
+        new_from = len(tree.tokens)
+        tree.tokens.extend(tokens)
+        tree.parents.extend(parents)
+        check_tree(tree.tokens, tree.parents)
+        allowed = tree_attention_mask(tree.parents, cached, len(fresh), new_from)
+        positions = list(range(cached, cached + len(fresh))) + tree_positions(tree.parents, tree.base)[new_from:]
+        return self._masked_forward(fresh + list(tokens), positions, allowed, n_out)
+
+
+@dataclass
+class PendingTree:
+    base: int  # context length the tree hangs from
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+
+
+class CachedLM(TreeCacheMixin):
     """A causal LM whose KV cache follows a token sequence (batch size 1)."""
 
     def __init__(self, model: Any) -> None:
@@ -128,6 +211,7 @@ class CachedLM:
 
         self.cache = DynamicCache(config=self.model.config)
         self.tokens: list[int] = []  # the tokens whose keys and values are in the cache
+        self.tree = None
 
     @torch.inference_mode()
     def logits(self, tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
@@ -136,6 +220,7 @@ class CachedLM:
         Syncs the cache to ``tokens``: keeps the common prefix, crops the rest, feeds the unseen
         tokens (at least ``n_out`` of them, so their logits exist).
         """
+        self._resolve_tree(tokens)
         keep = min(common_prefix_len(self.tokens, tokens), len(tokens) - n_out)
         if keep < len(self.tokens):
             self.cache.crop(keep - len(self.tokens))
@@ -146,6 +231,8 @@ class CachedLM:
     @torch.inference_mode()
     def extend(self, new_tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
         """Like :meth:`logits` for ``self.tokens + new_tokens`` when the cache is known to be in sync."""
+        if self.tree is not None:
+            return self.logits(self.tokens + list(new_tokens), n_out)
         self.tokens.extend(new_tokens)
         return self._forward(list(new_tokens), n_out)
 
@@ -154,3 +241,26 @@ class CachedLM:
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=n_out)
         self.calls += 1
         return out.logits[0, -n_out:].float()
+
+    def _masked_forward(self, ids: list[int], positions: list[int], allowed: torch.Tensor, n_out: int) -> torch.Tensor:
+        dtype = next(self.model.parameters()).dtype
+        out = self.model(
+            input_ids=torch.tensor([ids], dtype=torch.long, device=self.device),
+            position_ids=torch.tensor([positions], dtype=torch.long, device=self.device),
+            attention_mask=additive_mask(allowed, dtype, self.device),
+            past_key_values=self.cache, use_cache=True, logits_to_keep=n_out,
+        )
+        self.calls += 1
+        return out.logits[0, -n_out:].float()
+
+    def _move(self, sources: list[int], start: int) -> None:
+        index = torch.tensor(sources, dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            # gather first: sources and destinations may overlap
+            layer.keys[..., start : start + len(sources), :] = layer.keys.index_select(-2, index)
+            layer.values[..., start : start + len(sources), :] = layer.values.index_select(-2, index)
+
+    def _truncate(self, length: int) -> None:
+        excess = self.cache.get_seq_length() - length
+        if excess > 0:
+            self.cache.crop(-excess)

@@ -2,7 +2,9 @@
 
 Specs: ``pld``, ``pld:max_ngram=4``, ``suffix``, ``suffix:factor=2``, a model path or hub id
 (an :class:`LMDrafter`), ``zoo:NAME`` or ``zoo:all`` (the embedded zoo's drafters),
-``lm:model=PATH,name=NAME``.
+``lm:model=PATH,name=NAME`` with optional draft-tree options ``tree=dynamic|static|sampled``,
+``topk``, ``budget``, ``depth``, ``shape`` (e.g. ``lm:model=PATH,tree=dynamic,topk=4,budget=16``;
+see :class:`~draftwise.drafters.lm.TreeOptions`).
 """
 
 from __future__ import annotations
@@ -11,16 +13,17 @@ import os
 from typing import Any, Sequence
 
 from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
-from draftwise.drafters.lm import LMDrafter
+from draftwise.drafters.lm import LMDrafter, TreeOptions
 from draftwise.drafters.stopping import STOP_RULES, StopRule, make_stop_rule
 from draftwise.drafters.prompt_lookup import PromptLookupDrafter
+from draftwise.drafters.retrieval import RetrievalDrafter  # registers `rest`
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.errors import DraftwiseError
 from draftwise.models import LoadOptions, load_causal_lm
 from draftwise.options import keyword_defaults, split_spec, typed_options
 
 __all__ = ["DRAFTERS", "Draft", "DraftContext", "Drafter", "LMDrafter", "PromptLookupDrafter",
-           "STOP_RULES", "StopRule", "SuffixDrafter", "build_drafters", "drafter_kinds", "make_stop_rule"]
+           "STOP_RULES", "StopRule", "SuffixDrafter", "TreeOptions", "build_drafters", "drafter_kinds", "make_stop_rule"]
 
 
 def drafter_kinds() -> list[str]:
@@ -65,20 +68,25 @@ def _build_one(spec: str, target: Any, target_tokenizer: Any, options: LoadOptio
         if "model" not in raw:
             raise DraftwiseError(f"drafter {spec!r}: lm needs model=PATH")
         model_path, name = raw.pop("model"), raw.pop("name", "")
-        if raw:
-            raise DraftwiseError(f"unknown option(s) {', '.join(raw)} for drafter 'lm'; valid: model, name")
-        return _load_lm_drafter(model_path, name, target, target_tokenizer, options)
+        tree_defaults = keyword_defaults(TreeOptions.parse)
+        unknown = [key for key in raw if key not in tree_defaults]
+        if unknown:
+            valid = ", ".join(["model", "name", *tree_defaults])
+            raise DraftwiseError(f"unknown option(s) {', '.join(unknown)} for drafter 'lm'; valid: {valid}")
+        tree = TreeOptions.parse(**typed_options("drafter 'lm'", raw, tree_defaults))
+        return _load_lm_drafter(model_path, name, target, target_tokenizer, options, tree)
     if ":" not in spec and "/" not in spec and not os.path.isdir(os.path.expanduser(spec)):
         raise DraftwiseError(
             f"unknown drafter {spec!r}; valid: {', '.join(drafter_kinds())} (hub ids take the form org/name)")
     return _load_lm_drafter(spec, "", target, target_tokenizer, options)
 
 
-def _load_lm_drafter(path: str, name: str, target: Any, target_tokenizer: Any, options: LoadOptions) -> LMDrafter:
+def _load_lm_drafter(path: str, name: str, target: Any, target_tokenizer: Any, options: LoadOptions,
+                     tree: TreeOptions | None = None) -> LMDrafter:
     model, tokenizer = load_causal_lm(path, options)
     check_same_vocabulary(path, model, tokenizer, target, target_tokenizer)
     default_name = path.split(":", 1)[1] if path.startswith("zoo:") else os.path.basename(os.path.normpath(path))
-    return LMDrafter(model, name=name or default_name, source=path)
+    return LMDrafter(model, name=name or default_name, source=path, tree=tree)
 
 
 def check_same_vocabulary(path: str, model: Any, tokenizer: Any, target: Any, target_tokenizer: Any) -> None:

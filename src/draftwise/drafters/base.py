@@ -19,8 +19,19 @@ from draftwise.verify import Sampling
 
 @dataclass
 class Draft:
+    """A chain of draft tokens, or a tree when ``parents`` is given (:mod:`draftwise.tree`).
+
+    In a tree, ``parents[i]`` is node i's parent (−1 = the context), nodes in topological order,
+    and ``probs[i]`` the distribution node i was drawn from given its earlier siblings.
+    """
+
     tokens: list[int]
     probs: torch.Tensor | None = None  # (len(tokens), V) warped proposal distribution; None = point mass
+    parents: list[int] | None = None  # None = a chain
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
 
 
 @dataclass
