@@ -102,21 +102,26 @@ def path_to(node: int, parents: Sequence[int]) -> list[int]:
 
 
 def match_path(tokens: Sequence[int], parents: Sequence[int], continuation: Sequence[int]) -> list[int]:
-    """The longest root path whose tokens are a prefix of ``continuation`` (first matching child wins).
+    """The longest root path whose tokens are a prefix of ``continuation``.
+
+    Siblings may repeat a token (a sampled tree), so every matching child is followed.
 
     >>> match_path([5, 6, 7, 8], [-1, -1, 1, 2], [6, 7, 9])
     [1, 2]
+    >>> match_path([6, 6, 7], [-1, -1, 1], [6, 7])
+    [1, 2]
     """
     children = tree_children(parents)
-    path: list[int] = []
-    row = 0
-    for token in continuation:
-        child = next((c for c in children[row] if tokens[c] == token), None)
-        if child is None:
-            break
-        path.append(child)
-        row = child + 1
-    return path
+    best: list[int] = []
+    stack: list[list[int]] = [[]]
+    while stack:
+        path = stack.pop()
+        if len(path) > len(best):
+            best = path
+        if len(path) < len(continuation):
+            row = path[-1] + 1 if path else 0
+            stack.extend(path + [c] for c in children[row] if tokens[c] == continuation[len(path)])
+    return best
 
 
 def prune_depth(parents: Sequence[int], max_depth: int) -> list[int]:
