@@ -19,6 +19,7 @@ from draftwise.errors import DraftwiseError
 COMMAND_MODULES = (
     "draftwise.commands.generate",
     "draftwise.commands.policies",
+    "draftwise.commands.datastore",
     "draftwise.sim.cli",
     "draftwise.zoo.cli",
     "draftwise.bench.cli",

@@ -16,6 +16,7 @@ from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
 from draftwise.drafters.lm import LMDrafter, TreeOptions
 from draftwise.drafters.stopping import STOP_RULES, StopRule, make_stop_rule
 from draftwise.drafters.prompt_lookup import PromptLookupDrafter
+from draftwise.drafters.retrieval import RetrievalDrafter  # registers `rest`
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.errors import DraftwiseError
 from draftwise.models import LoadOptions, load_causal_lm
