@@ -27,7 +27,7 @@ __all__ = ["DRAFTERS", "Draft", "DraftContext", "Drafter", "LMDrafter", "PromptL
 
 
 def drafter_kinds() -> list[str]:
-    return ["pld", "suffix", "lm", "zoo:NAME", "zoo:all", "a model path or hub id"]
+    return [*DRAFTERS, "lm", "zoo:NAME", "zoo:all", "a model path or hub id"]
 
 
 def expand_specs(specs: Sequence[str]) -> list[str]:
