@@ -302,3 +302,29 @@ def _replay_ctx(seed: int):
     from draftwise.drafters import DraftContext
 
     return DraftContext(Sampling(1.0), torch.Generator().manual_seed(seed))
+
+
+# -- full-information feedback ----------------------------------------------------------------------
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_evaluation_phase_scores_a_tree_by_its_first_level(tiny_models, temperature: float) -> None:
+    """HedgeSpec over a tree drafter and its chain twin (same model). Under greedy the tree's
+    counterfactual (the target's argmax among the drafter's top-k) is never below the chain's
+    (argmax = top-1), and the output is still the target's; under sampling both are probabilities."""
+    options = LoadOptions()
+    model, tokenizer = load_causal_lm(str(tiny_models["llama-target"]), options)
+    path = tiny_models["llama-near"]
+    pool = build_drafters([f"lm:model={path},name=tree,tree=dynamic,topk=4,budget=8", f"lm:model={path},name=chain"],
+                          model, tokenizer, options)
+    gen = Generator(model, tokenizer, pool, policy="hedgespec", draft_len=3)
+    prompt = [5, 6, 7, 8, 9, 10]
+    result = gen.generate(prompt, max_new_tokens=24, temperature=temperature, seed=0, ignore_eos=True)
+    if temperature == 0.0:
+        reference = AutoModelForCausalLM.from_pretrained(tiny_models["llama-target"]).eval()
+        assert result.token_ids == _reference(reference, prompt, 24, None)
+    rounds = [r for r in result.trace if r.counterfactual is not None]
+    assert rounds
+    for record in rounds:
+        tree, chain = (np.asarray(row) for row in record.counterfactual)
+        if temperature == 0.0:
+            assert np.all(tree >= chain)
+        assert np.all((tree >= 0) & (tree <= 1 + 1e-6))

@@ -261,10 +261,7 @@ class Engine:
                     if id(bank) not in batched:
                         batched[id(bank)] = bank.sync_all(prefix, total)  # (members, total, V)
                     q_logits = batched[id(bank)][drafter.lm.slot]
-                if greedy:
-                    scores[i] = (q_logits.argmax(-1) == choice).float().tolist()
-                else:
-                    scores[i] = torch.minimum(probs, warp(q_logits, dctx.sampling)).sum(-1).tolist()
+                scores[i] = drafter.acceptance_along(q_logits, choice, probs, dctx.sampling)  # chain or tree
             else:
                 proposed = [tok for p in self.pending for tok in p.proposals[i]]
                 scores[i] = [0.0 if tok is None else float(choice[j] == tok) if greedy else float(probs[j, tok])

@@ -64,6 +64,28 @@ class TreeOptions:
         return {"chain": 1, "dynamic": self.topk}.get(self.kind, self.shape[0])
 
 
+def counterfactual_acceptance(q_logits: torch.Tensor, choice: torch.Tensor, target_probs: torch.Tensor | None,
+                              sampling: Sampling, width: int = 1, point_mass: bool = False) -> list[float]:
+    """Per position: would this drafter's first level have been accepted?
+
+    Chain (width 1, sampled from q): greedy 1[argmax q = argmax p], sampling 1 − TV(p, q).
+    Tree with ``width`` children at the first level, taken as point masses: greedy 1[argmax p among
+    the top-``width`` of q], sampling the target mass of those tokens (HedgeSpec Theorem 2). A
+    ``sampled`` tree draws its children at random; it is scored like its top-``width`` (a stand-in
+    for the expectation over the draws).
+    """
+    if not point_mass and width == 1:
+        if target_probs is None:
+            return (q_logits.argmax(-1) == choice).float().tolist()
+        return torch.minimum(target_probs, warp(q_logits, sampling)).sum(-1).tolist()
+    q = _scores(q_logits, sampling)
+    top = torch.topk(q, min(width, q.shape[-1]), dim=-1)
+    if target_probs is None:
+        return ((top.indices == choice[:, None]) & (top.values > 0)).any(-1).float().tolist()
+    mass = target_probs.gather(-1, top.indices) * (top.values > 0)
+    return mass.sum(-1).tolist()
+
+
 def _scores(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """The drafter's distribution used to rank children: warped under sampling, softmax under greedy."""
     return torch.softmax(logits.float(), -1) if sampling.greedy else warp(logits, sampling)
@@ -210,6 +232,16 @@ class LMDrafter(Drafter):
         if not sampled:
             return Draft(tokens, None, parents)
         return Draft(tokens, torch.stack(qs) if qs else None, parents)
+
+    def acceptance_along(self, q_logits: torch.Tensor, choice: torch.Tensor, target_probs: torch.Tensor | None,
+                         sampling: Sampling) -> list[float]:
+        """This drafter's acceptance probability at each verified position (the evaluation phase).
+
+        ``q_logits`` (T, V) its logits there, ``choice`` (T,) the target's argmax, ``target_probs``
+        (T, V) the warped target (None under greedy). See :func:`counterfactual_acceptance`.
+        """
+        return counterfactual_acceptance(q_logits, choice, target_probs, sampling, self.tree.first_width,
+                                         point_mass=self.tree.kind != "chain")
 
     def next_logits(self, context: Sequence[int], n_out: int) -> torch.Tensor:
         """Logits after each of the last ``n_out`` positions of ``context`` (the evaluation phase)."""
