@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from draftwise import Generator
-from draftwise.drafters import Draft, Drafter, LMDrafter, TreeOptions, build_drafters
+from draftwise.drafters import Draft, Drafter, LMDrafter, SuffixDrafter, TreeOptions, build_drafters
 from draftwise.errors import DraftwiseError
 from draftwise.fastlm import BankLM, LlamaBank
 from draftwise.models import CachedLM, LoadOptions, load_causal_lm
@@ -226,7 +226,8 @@ def test_greedy_trees_match_transformers(tiny_models, target: str, drafter: str)
     model, tokenizer = load_causal_lm(str(tiny_models[target]), options)
     reference = AutoModelForCausalLM.from_pretrained(tiny_models[target]).eval()
     specs = [f"lm:model={tiny_models[drafter]},name=t{i},{spec}" for i, spec in enumerate(TREE_SPECS)]
-    pool = build_drafters(specs + [str(tiny_models[drafter]), "pld"], model, tokenizer, options)
+    pool = build_drafters(specs + [str(tiny_models[drafter]), "pld", "suffix:branches=3,min_prob=0.0,name=sfx"],
+                          model, tokenizer, options)
     pool.append(PeekingTree(model, 0))
     gens = [Generator(model, tokenizer, pool, policy=policy, draft_len=5) for policy in ("round-robin", "random")]
     rng = random.Random(target + drafter)
@@ -237,6 +238,8 @@ def test_greedy_trees_match_transformers(tiny_models, target: str, drafter: str)
         for arm in gen.arms:
             object.__setattr__(arm, "draft_len", rng.randint(1, 6))
         prompt = [rng.randrange(2, vocab) for _ in range(rng.randint(1, 16))]
+        if case % 3 == 0:  # repetitive prompts give the suffix trie branches to follow
+            prompt = [rng.randrange(2, 8) for _ in range(rng.randint(8, 24))]
         max_new = rng.randint(1, 40)
         eos = rng.choice([None, 0, *prompt[:3]])  # likely continuations: EOS inside the tree
         gen.eos_ids = frozenset() if eos is None else frozenset({eos})
@@ -266,6 +269,7 @@ SAMPLING_DRAFTERS = {
     "lm-sampled": lambda: LMDrafter(_model(11, 1), name="lm", tree=TreeOptions.parse("sampled", shape="3x2")),
     "lm-dynamic": lambda: LMDrafter(_model(11, 1), name="lm", tree=TreeOptions.parse("dynamic", topk=2, budget=5)),
     "random-tree": lambda: RandomTree(),
+    "suffix-tree": lambda: SuffixDrafter(min_prob=0.0, factor=4.0, branches=3),
 }
 
 

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
 from draftwise.errors import DraftwiseError
+from draftwise.tree import ROOT
 
 
 class TrieNode:
@@ -89,6 +90,27 @@ def greedy_continuation(node: TrieNode, max_len: int, min_prob: float) -> list[i
     return tokens
 
 
+def branching_continuations(node: TrieNode, max_len: int, min_prob: float, branches: int,
+                            eos_ids: frozenset[int]) -> tuple[list[int], list[int]]:
+    """Up to ``branches`` continuations as a tree (point masses): each of the most frequent next
+    tokens (estimated probability ≥ min_prob, the first always) followed greedily; parents −1 = root."""
+    total = sum(c.count for c in node.children.values())
+    ranked = sorted(node.children.items(), key=lambda item: -item[1].count)[:branches]
+    tokens: list[int] = []
+    parents: list[int] = []
+    for rank, (token, child) in enumerate(ranked):
+        prob = child.count / total
+        if rank and prob < min_prob:
+            break
+        branch = [token] if token in eos_ids else [token] + greedy_continuation(child, max_len - 1, min_prob / prob)
+        for i, tok in enumerate(branch):
+            parents.append(ROOT if i == 0 else len(tokens) - 1)
+            tokens.append(tok)
+            if tok in eos_ids:
+                break
+    return tokens, parents
+
+
 @DRAFTERS.register("suffix")
 class SuffixDrafter(Drafter):
     """Suffix-trie drafter over prompt + generated tokens, plus a global store of earlier responses."""
@@ -100,14 +122,17 @@ class SuffixDrafter(Drafter):
         factor: float = 1.0,
         min_prob: float = 0.1,
         store_tokens: int = 100_000,
+        branches: int = 1,
         name: str = "suffix",
     ) -> None:
-        if depth < 2 or factor <= 0 or not 0 <= min_prob <= 1 or store_tokens < 0:
+        if depth < 2 or factor <= 0 or not 0 <= min_prob <= 1 or store_tokens < 0 or branches < 1:
             raise DraftwiseError(
-                "suffix: need depth ≥ 2, factor > 0, 0 ≤ min_prob ≤ 1, store_tokens ≥ 0 "
-                f"(got depth={depth}, factor={factor}, min_prob={min_prob}, store_tokens={store_tokens})"
+                "suffix: need depth ≥ 2, factor > 0, 0 ≤ min_prob ≤ 1, store_tokens ≥ 0, branches ≥ 1 "
+                f"(got depth={depth}, factor={factor}, min_prob={min_prob}, store_tokens={store_tokens}, "
+                f"branches={branches})"
             )
         self.name = name
+        self.branches = branches  # > 1: a small tree, one greedy continuation per frequent next token
         self.depth, self.factor, self.min_prob, self.store_tokens = depth, factor, min_prob, store_tokens
         self.store: deque[list[int]] = deque()  # earlier responses, oldest first
         self.global_trie = SuffixTrie(depth)
@@ -149,6 +174,9 @@ class SuffixDrafter(Drafter):
         if node is None:
             return Draft([])
         limit = min(max_len, max(1, int(self.factor * length)))
+        if self.branches > 1:
+            tokens, parents = branching_continuations(node, limit, self.min_prob, self.branches, ctx.eos_ids)
+            return Draft(tokens, None, parents) if parents.count(ROOT) > 1 else Draft(tokens)  # one branch: a chain
         tokens = greedy_continuation(node, limit, self.min_prob)
         for i, token in enumerate(tokens):
             if token in ctx.eos_ids:
@@ -157,4 +185,4 @@ class SuffixDrafter(Drafter):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "depth": self.depth, "factor": self.factor,
-                "min_prob": self.min_prob, "store_tokens": self.store_tokens}
+                "min_prob": self.min_prob, "store_tokens": self.store_tokens, "branches": self.branches}
