@@ -43,8 +43,12 @@ class ScriptedLM:
 
 
 def _drafted(rule_spec: str) -> int:
-    drafter = LMDrafter.__new__(LMDrafter)
-    drafter.name, drafter.lm, drafter.bank = "scripted", ScriptedLM(), None
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tiny = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                                        num_attention_heads=1, num_key_value_heads=1))
+    drafter = LMDrafter(tiny, name="scripted")
+    drafter.lm = ScriptedLM()
     return len(drafter.propose([1, 2], len(SCRIPT), DraftContext(), make_stop_rule(rule_spec)).tokens)
 
 
