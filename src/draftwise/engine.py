@@ -16,6 +16,7 @@ import torch
 from draftwise.arms import Arm
 from draftwise.feedback import reward_from_acceptance
 from draftwise.drafters import Draft, DraftContext, Drafter, LMDrafter, StopRule, make_stop_rule
+from draftwise.drafters.whitebox import WhiteBoxDrafter
 from draftwise.models import CachedLM
 from draftwise.policies import Policy
 from draftwise.trace import RoundRecord
@@ -70,6 +71,11 @@ class Engine:
         self.pending: list[PendingRound] = []
         self.pending_tokens = 0
         self.prompt_prior_s = 0.0
+        # White-box drafters read the target's final hidden states, recorded during verification.
+        self.white_box = [i for i, d in enumerate(self.drafters) if getattr(d, "reads_target_hidden", False)]
+        self.hidden_sent = 0  # positions of the query whose hidden states the white-box drafters have
+        if self.white_box:
+            target.keep_hidden = True
 
     def run(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator) -> QueryOutcome:
         context = list(prompt)
@@ -83,11 +89,14 @@ class Engine:
         self.rules = [make_stop_rule(arm.stop, self.policy.rng) if arm.stop else None for arm in self.arms]
         for drafter in self.drafters:
             drafter.begin_query(context)
+        prefill_s = self._prefill_for_white_box(context)
         if self.policy.prompt_prior > 0 and self.policy.supports_prior:
             self._warm_start_from_prompt(context, dctx)
         try:
             while (generated := len(context) - len(prompt)) < settings.max_new_tokens:
                 record, stop = self._round(len(records), context, generated, settings, dctx)
+                if not records:
+                    record.verify_s += prefill_s  # target time spent on the prompt, split off round 1
                 records.append(record)
                 if stop:
                     stopped_by = stop
@@ -137,6 +146,7 @@ class Engine:
             if keep is not None:
                 del context[before - generated + keep :]
                 new, stop = context[before:], "stop_string"
+        self._share_hidden(context)
         t3 = clock()
         record = RoundRecord(
             index=index, arm=arm_index, arm_name=arm.name, max_draft=budget, drafted=n,
@@ -159,6 +169,37 @@ class Engine:
         record.policy_s += t1 - t0
         return record, stop
 
+    # -- white-box drafters: the target's hidden states ------------------------------------------------
+    def _prefill_for_white_box(self, prompt: list[int]) -> float:
+        """Run the prompt (all but its last token) through the target before round 1, when the pool has
+        white-box drafters: they need its hidden states to draft in round 1 (and to be scored by the
+        prompt prior). Round 1 then feeds only the last prompt token and the draft, so every prompt
+        token is still computed once — in two target calls instead of one. Returns the seconds spent."""
+        self.hidden_sent = 0
+        if not self.white_box:
+            return 0.0
+        start = time.perf_counter()
+        if len(prompt) > 1:
+            self.target.logits(prompt[:-1], 1)
+        self._share_hidden(prompt)
+        return time.perf_counter() - start
+
+    def _share_hidden(self, context: list[int]) -> None:
+        """Hand the white-box drafters the target's hidden states of the newly verified positions.
+
+        Every position but the last has one (the last token is the target's own, read next round);
+        they come from the verification forward (a tree's accepted path is gathered first), so
+        this costs no target computation.
+        """
+        if not self.white_box:
+            return
+        known = len(context) - 1
+        start = min(self.hidden_sent, known)  # a stop string may have cut the context back
+        rows = self.target.hidden_states(context, start, known)
+        for i in self.white_box:
+            self.drafters[i].observe_target(context, rows, start)
+        self.hidden_sent = known
+
     # -- the prompt prior --------------------------------------------------------------------------
     def _warm_start_from_prompt(self, prompt: list[int], dctx: DraftContext) -> None:
         """Warm-start the policy from how well each drafter predicts the prompt's own tokens.
@@ -177,7 +218,7 @@ class Engine:
         for i, drafter in enumerate(self.drafters):
             if not self._evaluated(i):
                 continue
-            if isinstance(drafter, LMDrafter):
+            if _scored_by_logits(drafter):
                 if drafter.bank is None:
                     logits = drafter.next_logits(prompt[:-1], window)
                 else:
@@ -219,7 +260,7 @@ class Engine:
         rows = len(new)
         # Deterministic drafters answer now, while their state has seen exactly this prefix.
         proposals = {i: self._proposals_along(d, context[:before], new, dctx)
-                     for i, d in enumerate(self.drafters) if not isinstance(d, LMDrafter) and self._evaluated(i)}
+                     for i, d in enumerate(self.drafters) if not _scored_by_logits(d) and self._evaluated(i)}
         self.pending.append(PendingRound(record, before, rows, logits[:rows],
                                          None if target_probs is None else target_probs[:rows], proposals))
         self.pending_tokens += rows
@@ -253,7 +294,7 @@ class Engine:
         for i, drafter in enumerate(self.drafters):
             if not self._evaluated(i):
                 continue
-            if isinstance(drafter, LMDrafter):
+            if _scored_by_logits(drafter):  # LM and white-box drafters: one short forward over the pending tokens
                 bank = drafter.bank
                 if bank is None:
                     q_logits = drafter.next_logits(prefix, total)  # (total, V): one short prefill
@@ -298,3 +339,9 @@ class Engine:
         if target_probs is None:
             return verify_greedy(draft.tokens, logits)
         return verify_sampling(draft.tokens, draft.probs, target_probs, dctx.generator)
+
+
+def _scored_by_logits(drafter: Drafter) -> bool:
+    """LM and white-box drafters give their distribution at every verified position (``next_logits``);
+    deterministic ones are asked what they would have proposed."""
+    return isinstance(drafter, (LMDrafter, WhiteBoxDrafter))

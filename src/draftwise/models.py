@@ -196,14 +196,59 @@ class PendingTree:
     parents: list[int] = field(default_factory=list)
 
 
+class RowBuffer:
+    """A growable (length, *shape) tensor whose rows are appended, cut back and moved like a KV cache's.
+
+    Used for the target's final hidden states (white-box drafters read them) and for a draft
+    head's own keys and values. Capacity doubles, so appending a round's rows costs O(rows).
+    """
+
+    def __init__(self) -> None:
+        self.data: torch.Tensor | None = None
+        self.length = 0
+
+    def append(self, rows: torch.Tensor) -> None:
+        end = self.length + rows.shape[0]
+        if self.data is None or end > self.data.shape[0]:
+            grown = torch.empty((max(2 * end, 64), *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+            if self.data is not None:
+                grown[: self.length] = self.data[: self.length]
+            self.data = grown
+        self.data[self.length : end] = rows
+        self.length = end
+
+    def truncate(self, length: int) -> None:
+        self.length = max(0, min(self.length, length))
+
+    def move(self, sources: list[int], start: int) -> None:
+        """Rows ``sources`` copied to ``start, start + 1, …`` (gathered first: they may overlap)."""
+        if self.data is not None and sources:
+            index = torch.tensor(sources, dtype=torch.long, device=self.data.device)
+            self.data[start : start + len(sources)] = self.data.index_select(0, index)
+
+    def view(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Rows ``start:stop`` (a view: copy it before the buffer changes)."""
+        stop = self.length if stop is None else min(stop, self.length)
+        if self.data is None:
+            return torch.empty(0)
+        return self.data[start:stop]
+
+
 class CachedLM(TreeCacheMixin):
-    """A causal LM whose KV cache follows a token sequence (batch size 1)."""
+    """A causal LM whose KV cache follows a token sequence (batch size 1).
+
+    With ``keep_hidden`` set, every forward also records the model's final hidden state (the
+    input of its LM head) at each position it feeds, kept in step with the cache: that is what
+    white-box drafters read, at no extra forward (``output_hidden_states`` only keeps references
+    to tensors the forward computes anyway).
+    """
 
     def __init__(self, model: Any) -> None:
         self.model = model
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.calls = 0
+        self.keep_hidden = False
         self.reset()
 
     def reset(self) -> None:
@@ -212,6 +257,22 @@ class CachedLM(TreeCacheMixin):
         self.cache = DynamicCache(config=self.model.config)
         self.tokens: list[int] = []  # the tokens whose keys and values are in the cache
         self.tree = None
+        self.hidden = RowBuffer()  # (len(cache), H) final hidden states, when keep_hidden
+
+    @torch.inference_mode()
+    def hidden_states(self, tokens: Sequence[int], start: int, stop: int) -> torch.Tensor:
+        """Copy of the final hidden states at positions ``start:stop`` of ``tokens`` (needs ``keep_hidden``).
+
+        Row j is the state after reading ``tokens[start + j]`` — the one whose LM-head output
+        predicted ``tokens[start + j + 1]``. A pending draft tree is first resolved against
+        ``tokens`` (its accepted path gathered into place, as the next sync would).
+        """
+        if not self.keep_hidden:
+            raise DraftwiseError("hidden states were not recorded: set keep_hidden before the forward passes")
+        self._resolve_tree(tokens)
+        if stop > len(self.tokens) or self.tokens[:stop] != list(tokens[:stop]) or stop > self.hidden.length:
+            raise DraftwiseError(f"the target has no hidden states for positions {start}:{stop} of this sequence")
+        return self.hidden.view(start, stop).clone()
 
     @torch.inference_mode()
     def logits(self, tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
@@ -224,6 +285,7 @@ class CachedLM(TreeCacheMixin):
         keep = min(common_prefix_len(self.tokens, tokens), len(tokens) - n_out)
         if keep < len(self.tokens):
             self.cache.crop(keep - len(self.tokens))
+            self.hidden.truncate(keep)
         fresh = list(tokens[keep:])
         self.tokens = list(tokens)
         return self._forward(fresh, n_out)
@@ -238,9 +300,18 @@ class CachedLM(TreeCacheMixin):
 
     def _forward(self, fresh: list[int], n_out: int) -> torch.Tensor:
         ids = torch.tensor([fresh], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=n_out)
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=n_out,
+                         **self._hidden_request())
         self.calls += 1
+        self._record_hidden(out)
         return out.logits[0, -n_out:].float()
+
+    def _hidden_request(self) -> dict[str, bool]:
+        return {"output_hidden_states": True} if self.keep_hidden else {}
+
+    def _record_hidden(self, out: Any) -> None:
+        if self.keep_hidden:  # transformers ties hidden_states[-1] to the final-norm output (the LM head's input)
+            self.hidden.append(out.hidden_states[-1][0].float())
 
     def _masked_forward(self, ids: list[int], positions: list[int], allowed: torch.Tensor, n_out: int) -> torch.Tensor:
         dtype = next(self.model.parameters()).dtype
@@ -248,9 +319,10 @@ class CachedLM(TreeCacheMixin):
             input_ids=torch.tensor([ids], dtype=torch.long, device=self.device),
             position_ids=torch.tensor([positions], dtype=torch.long, device=self.device),
             attention_mask=additive_mask(allowed, dtype, self.device),
-            past_key_values=self.cache, use_cache=True, logits_to_keep=n_out,
+            past_key_values=self.cache, use_cache=True, logits_to_keep=n_out, **self._hidden_request(),
         )
         self.calls += 1
+        self._record_hidden(out)
         return out.logits[0, -n_out:].float()
 
     def _move(self, sources: list[int], start: int) -> None:
@@ -259,8 +331,10 @@ class CachedLM(TreeCacheMixin):
             # gather first: sources and destinations may overlap
             layer.keys[..., start : start + len(sources), :] = layer.keys.index_select(-2, index)
             layer.values[..., start : start + len(sources), :] = layer.values.index_select(-2, index)
+        self.hidden.move(sources, start)
 
     def _truncate(self, length: int) -> None:
         excess = self.cache.get_seq_length() - length
         if excess > 0:
             self.cache.crop(-excess)
+        self.hidden.truncate(length)

@@ -4,7 +4,10 @@ Specs: ``pld``, ``pld:max_ngram=4``, ``suffix``, ``suffix:factor=2``, a model pa
 (an :class:`LMDrafter`), ``zoo:NAME`` or ``zoo:all`` (the embedded zoo's drafters),
 ``lm:model=PATH,name=NAME`` with optional draft-tree options ``tree=dynamic|static|sampled``,
 ``topk``, ``budget``, ``depth``, ``shape`` (e.g. ``lm:model=PATH,tree=dynamic,topk=4,budget=16``;
-see :class:`~draftwise.drafters.lm.TreeOptions`).
+see :class:`~draftwise.drafters.lm.TreeOptions`). White-box heads that read the target's hidden
+states: ``eagle:head=PATH``, ``medusa:head=PATH`` (same tree options, ``head`` may be a zoo name),
+``zoo:eagle-NAME`` / ``zoo:medusa`` (zoo heads; ``zoo:heads`` = every zoo head, never part of
+``zoo:all``).
 """
 
 from __future__ import annotations
@@ -18,26 +21,35 @@ from draftwise.drafters.stopping import STOP_RULES, StopRule, make_stop_rule
 from draftwise.drafters.prompt_lookup import PromptLookupDrafter
 from draftwise.drafters.retrieval import RetrievalDrafter  # registers `rest`
 from draftwise.drafters.suffix import SuffixDrafter
+from draftwise.drafters.whitebox import HEAD_KINDS, WhiteBoxDrafter, load_head_drafter
 from draftwise.errors import DraftwiseError
 from draftwise.models import LoadOptions, load_causal_lm
 from draftwise.options import keyword_defaults, split_spec, typed_options
 
 __all__ = ["DRAFTERS", "Draft", "DraftContext", "Drafter", "LMDrafter", "PromptLookupDrafter",
-           "STOP_RULES", "StopRule", "SuffixDrafter", "TreeOptions", "build_drafters", "drafter_kinds", "make_stop_rule"]
+           "STOP_RULES", "StopRule", "SuffixDrafter", "TreeOptions", "WhiteBoxDrafter", "build_drafters",
+           "drafter_kinds", "make_stop_rule"]
+
+WHITE_BOX_KINDS = ("eagle", "medusa")  # spec heads that load a head checkpoint onto the target
+ZOO_HEADS = "zoo:heads"
 
 
 def drafter_kinds() -> list[str]:
-    return [*DRAFTERS, "lm", "zoo:NAME", "zoo:all", "a model path or hub id"]
+    return [*DRAFTERS, "lm", *WHITE_BOX_KINDS, "zoo:NAME", "zoo:all", ZOO_HEADS, "a model path or hub id"]
 
 
 def expand_specs(specs: Sequence[str]) -> list[str]:
-    """Expand ``zoo:all`` into every zoo drafter."""
+    """Expand ``zoo:all`` into every zoo drafter and ``zoo:heads`` into every zoo white-box head."""
     out: list[str] = []
     for spec in specs:
         if spec == "zoo:all":
             from draftwise.zoo import zoo_drafter_names
 
             out.extend(f"zoo:{name}" for name in zoo_drafter_names())
+        elif spec == ZOO_HEADS:
+            from draftwise.zoo import zoo_head_names
+
+            out.extend(f"zoo:{name}" for name in zoo_head_names())
         else:
             out.append(spec)
     return out
@@ -75,10 +87,38 @@ def _build_one(spec: str, target: Any, target_tokenizer: Any, options: LoadOptio
             raise DraftwiseError(f"unknown option(s) {', '.join(unknown)} for drafter 'lm'; valid: {valid}")
         tree = TreeOptions.parse(**typed_options("drafter 'lm'", raw, tree_defaults))
         return _load_lm_drafter(model_path, name, target, target_tokenizer, options, tree)
+    if head in WHITE_BOX_KINDS:
+        return _load_head_spec(head, spec, target)
+    if head == "zoo" and _is_zoo_head(spec):
+        return load_head_drafter(spec, target)
     if ":" not in spec and "/" not in spec and not os.path.isdir(os.path.expanduser(spec)):
         raise DraftwiseError(
             f"unknown drafter {spec!r}; valid: {', '.join(drafter_kinds())} (hub ids take the form org/name)")
     return _load_lm_drafter(spec, "", target, target_tokenizer, options)
+
+
+def _load_head_spec(kind: str, spec: str, target: Any) -> WhiteBoxDrafter:
+    """``eagle:head=PATH[,name=N][,tree options]`` (likewise ``medusa``)."""
+    _, raw = split_spec(spec)
+    if "head" not in raw:
+        raise DraftwiseError(f"drafter {spec!r}: {kind} needs head=PATH (a head checkpoint folder or zoo name)")
+    path, name = raw.pop("head"), raw.pop("name", "")
+    tree_defaults = keyword_defaults(TreeOptions.parse)
+    unknown = [key for key in raw if key not in tree_defaults]
+    if unknown:
+        valid = ", ".join(["head", "name", *tree_defaults])
+        raise DraftwiseError(f"unknown option(s) {', '.join(unknown)} for drafter {kind!r}; valid: {valid}")
+    tree = TreeOptions.parse(**typed_options(f"drafter {kind!r}", raw, tree_defaults))
+    return load_head_drafter(path, target, kind=kind, name=name, tree=tree)
+
+
+def _is_zoo_head(spec: str) -> bool:
+    from draftwise.zoo import zoo_head_names
+
+    try:
+        return spec.split(":", 1)[1] in zoo_head_names()
+    except DraftwiseError:  # no zoo installed: the LM path reports it
+        return False
 
 
 def _load_lm_drafter(path: str, name: str, target: Any, target_tokenizer: Any, options: LoadOptions,

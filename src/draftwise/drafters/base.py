@@ -48,12 +48,23 @@ class Drafter(ABC):
 
     name: str = "drafter"
     point_mass: bool = True  # True when ``Draft.probs`` is always None
+    reads_target_hidden: bool = False  # white-box: the engine hands it the target's hidden states
 
     def begin_query(self, prompt: Sequence[int]) -> None:
         """A new query starts with this prompt."""
 
     def end_query(self, tokens: Sequence[int], prompt_len: int) -> None:
         """The query finished with these tokens (prompt + response)."""
+
+    def observe_target(self, tokens: Sequence[int], hidden: torch.Tensor, start: int) -> None:
+        """The target's final hidden states at positions ``start, start + 1, …`` of the verified ``tokens``.
+
+        Called by the engine after every round (and after the prompt's prefill) for drafters with
+        ``reads_target_hidden``; ``hidden`` (k, H) row j is the state after reading
+        ``tokens[start + j]``, i.e. the input of the target's LM head that predicted the next
+        token. Rows from ``start`` on replace any the drafter kept. Together they cover every
+        position but the last, whose token (the target's own) has not been through the target yet.
+        """
 
     @abstractmethod
     def propose(self, context: Sequence[int], max_len: int, ctx: DraftContext, stop: Any = None) -> Draft:

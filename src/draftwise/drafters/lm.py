@@ -174,6 +174,29 @@ def _children(probs: torch.Tensor, width: int, generator: torch.Generator | None
     return out
 
 
+def draft_tree(opts: TreeOptions, logits: torch.Tensor, expand_logits: Expand, max_len: int, ctx: DraftContext) -> Draft:
+    """A draft tree of shape ``opts`` from the drafter's logits after the context (V,).
+
+    ``expand_logits(tokens, parents)`` feeds tree nodes to the drafter and returns its logits
+    after each (any drafter that can extend a pending tree: an LM's cache, a white-box head).
+    """
+    depth = min(opts.depth or max_len, max_len)
+    root = _scores(logits, ctx.sampling)
+
+    def expand(tokens: list[int], parents: list[int]) -> torch.Tensor:
+        return _scores(expand_logits(tokens, parents), ctx.sampling)
+
+    if opts.kind == "dynamic":
+        tokens, parents = grow_dynamic(root, expand, opts.topk, opts.budget or DYNAMIC_BUDGET, depth, ctx.eos_ids)
+        return Draft(tokens, None, parents)
+    sampled = opts.kind == "sampled" and not ctx.sampling.greedy
+    tokens, parents, qs = grow_shaped(root, expand, opts.shape[:depth], opts.budget or 1 << 30, ctx.eos_ids,
+                                      ctx.generator if sampled else None)
+    if not sampled:
+        return Draft(tokens, None, parents)
+    return Draft(tokens, torch.stack(qs) if qs else None, parents)
+
+
 class LMDrafter(Drafter):
     """Drafts autoregressively with a small causal LM that shares the target's vocabulary."""
 
@@ -216,22 +239,7 @@ class LMDrafter(Drafter):
         return Draft(tokens, torch.stack(rows) if rows else None)
 
     def _propose_tree(self, logits: torch.Tensor, max_len: int, ctx: DraftContext) -> Draft:
-        opts = self.tree
-        depth = min(opts.depth or max_len, max_len)
-        root = _scores(logits, ctx.sampling)
-
-        def expand(tokens: list[int], parents: list[int]) -> torch.Tensor:
-            return _scores(self.lm.tree_extend(tokens, parents), ctx.sampling)
-
-        if opts.kind == "dynamic":
-            tokens, parents = grow_dynamic(root, expand, opts.topk, opts.budget or DYNAMIC_BUDGET, depth, ctx.eos_ids)
-            return Draft(tokens, None, parents)
-        sampled = opts.kind == "sampled" and not ctx.sampling.greedy
-        tokens, parents, qs = grow_shaped(root, expand, opts.shape[:depth], opts.budget or 1 << 30, ctx.eos_ids,
-                                          ctx.generator if sampled else None)
-        if not sampled:
-            return Draft(tokens, None, parents)
-        return Draft(tokens, torch.stack(qs) if qs else None, parents)
+        return draft_tree(self.tree, logits, self.lm.tree_extend, max_len, ctx)
 
     def acceptance_along(self, q_logits: torch.Tensor, choice: torch.Tensor, target_probs: torch.Tensor | None,
                          sampling: Sampling) -> list[float]:

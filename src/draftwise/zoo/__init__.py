@@ -17,6 +17,7 @@ from draftwise.zoo.load import (
     zoo_domain_of,
     zoo_drafter_names,
     zoo_entries,
+    zoo_head_names,
     zoo_names,
 )
 
@@ -29,5 +30,6 @@ __all__ = [
     "zoo_domain_of",
     "zoo_drafter_names",
     "zoo_entries",
+    "zoo_head_names",
     "zoo_names",
 ]

@@ -30,7 +30,7 @@ def shipped_models_dir() -> Path:
 @dataclass(frozen=True)
 class ZooEntry:
     name: str  # without the "zoo:" prefix
-    role: str  # "target" or "drafter"
+    role: str  # "target", "drafter", or "head" (a white-box head on the target)
     domains: tuple[str, ...]
     params: int
     bytes: int  # model.safetensors size on disk
@@ -82,6 +82,15 @@ def zoo_drafter_names(models: Path | None = None) -> list[str]:
     ``["code", "generalist", "math", …]``; prefix them (``f"zoo:{name}"``) to resolve them.
     """
     return [e.name for e in zoo_entries(models) if e.role == "drafter"]
+
+
+def zoo_head_names(models: Path | None = None) -> list[str]:
+    """Bare names of the zoo's white-box heads (role ``head``: EAGLE / Medusa heads on the zoo target).
+
+    Not part of ``zoo:all``: a head only works on the target it was trained for, and it reads that
+    target's hidden states, so it is asked for explicitly (``zoo:eagle-code``, or ``zoo:heads``).
+    """
+    return [e.name for e in zoo_entries(models) if e.role == "head"]
 
 
 def expand_zoo_names(names: list[str], models: Path | None = None) -> list[str]:
