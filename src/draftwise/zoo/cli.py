@@ -77,6 +77,27 @@ def eval_action(args: argparse.Namespace) -> int:
     return 0
 
 
+@action("heads")
+def heads_action(args: argparse.Namespace) -> int:
+    from draftwise.models import LoadOptions, load_causal_lm
+    from draftwise.zoo.heads import HEADS_BUDGETS, corpus_streams, install_heads, run_heads
+
+    add_log_file(args.log)
+    budget = HEADS_BUDGETS.get(args.budget)
+    target, tokenizer = load_causal_lm(args.target, LoadOptions())
+    if tokenizer is None:
+        from draftwise.errors import DraftwiseError
+
+        raise DraftwiseError(f"zoo heads: target {args.target!r} has no tokenizer to encode the corpus")
+    heads = run_heads(target, args.target, lambda: corpus_streams(Path(args.data), tokenizer, budget.corpus_budget),
+                      Path(args.out), budget.name, progress=not args.quiet, threads=args.threads)
+    print(f"heads trained under {heads}")
+    if args.install:
+        entries = install_heads(heads, Path(args.models) if args.models else None)
+        print(f"installed {', '.join(e['name'] for e in entries)}")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("zoo", help="the embedded model zoo: list, build, eval, install")
     sub = parser.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND", required=True)
@@ -97,6 +118,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("install", help="copy a build's models into the package (fp16 safetensors)")
     p.add_argument("--build", required=True, help="the build folder")
     p.add_argument("--to", help="destination (default: the package's zoo/models)")
+
+    p = sub.add_parser("heads", help="train white-box heads (EAGLE, Medusa) on the zoo target (resumes if interrupted)")
+    p.add_argument("--target", default="zoo:target", help="the target: zoo:target or its checkpoint folder")
+    p.add_argument("--data", default="../shared/data",
+                   help="the shared/data folder, or a zoo build folder whose corpus to reuse")
+    p.add_argument("--out", required=True, help="output folder (hidden states, checkpoints, heads)")
+    p.add_argument("--budget", default="full", help="full (≈ 40 min on 2 cores) or tiny (a quick test run)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--install", action="store_true", help="then copy the heads into the zoo and its manifest")
+    p.add_argument("--models", help="zoo folder to install into (default: the package's)")
+    p.add_argument("--log", help="also append progress logs to this file")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
 
     p = sub.add_parser("eval", help="acceptance rate and MAT of every drafter on every domain's dev split")
     p.add_argument("--build", required=True, help="the build folder (for its held-out splits)")
