@@ -22,7 +22,7 @@ from draftwise.drafters.whitebox import (MARKER, WhiteBoxDrafter, lm_head_finger
 from draftwise.errors import DraftwiseError
 from draftwise.models import LoadOptions, load_causal_lm
 from draftwise.verify import Sampling
-from draftwise.zoo.heads import HiddenSet, collect_hidden, eagle_loss, medusa_loss
+from draftwise.zoo.heads import HiddenSet, collect_hidden, eagle_loss, eagle_unrolled, medusa_loss
 from test_lossless_greedy import _reference
 from test_lossless_sampling import PROMPT, _draws, _model, chi_square_p, exact_joint
 
@@ -69,7 +69,7 @@ def _train_eagle(target, steps: int = 150) -> tuple[EagleHead, list[list[int]]]:
     opt = torch.optim.AdamW(head.parameters(), lr=1e-2)
     for step in range(steps):
         batch = data.batch(np.arange(len(data)))
-        loss = eagle_loss(head, embed, lm, batch, 0.5, 0.1)
+        loss = eagle_loss(head, embed, lm, batch, 0.5, 0.1, unroll=2)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -344,3 +344,26 @@ def test_medusa_loss_scores_head_j_against_the_target_j_steps_ahead(llama) -> No
     lm = target.get_output_embeddings().weight.detach()
     losses = {shift: float(medusa_loss(ShiftedHidden(batch.hidden, 2, shift), lm, batch)) for shift in (0, 1, 2)}
     assert losses[1] < losses[0] and losses[1] < losses[2], losses  # head 1 on h_i ↔ the target at i + 1
+
+
+def test_unrolled_training_steps_are_the_drafting_steps(llama) -> None:
+    """Step s of the unrolled loss computes what the drafter computes at its s-th draft step when the
+    drafted tokens are the text's (same pairs, positions and attention)."""
+    target, _ = llama
+    head = _eagle_head(target, 5)
+    tokens = torch.randint(2, 50, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        hidden = target(tokens, output_hidden_states=True).hidden_states[-1]
+        steps = eagle_unrolled(head, hidden[:, :-1], tokens, target.get_input_embeddings().weight, 3)
+    drafter = EagleDrafter(head, target, name="e")
+    text = tokens[0].tolist()
+    for m in (0, 4, 8):
+        context = text[: m + 2]  # true pairs 0…m
+        drafter.begin_query(context)
+        drafter.observe_target(context, hidden[0, : m + 1], 0)
+        with torch.no_grad():
+            feature = drafter._sync(context, 1)[-1]
+            assert torch.allclose(feature, steps[0][0, m], atol=TOL)
+            for s in (2, 3):  # the drafted token is the text's x_{m+s}, at position m + s − 1
+                feature = drafter._feed(feature[None], [text[m + s]], [m + s - 1], None)[0]
+                assert torch.allclose(feature, steps[s - 1][0, m], atol=TOL), (m, s)

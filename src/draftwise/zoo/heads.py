@@ -63,6 +63,7 @@ class HeadsBudget:
     eagle_intermediate: int = 0  # 0: 4/3 × hidden (a lean layer: the zoo must stay ≤ 60 MB)
     top_k: int = 16  # the target's next-token distribution, kept as its top-k
     ce_weight: float = 0.1  # EAGLE's classification weight next to the regression's 1.0
+    unroll: int = 2  # EAGLE draft steps trained (2: also the first step on the head's own prediction)
     feature_noise: float = 0.05  # std of the input noise, relative to the features' std
     seed: int = 20261122
 
@@ -70,14 +71,14 @@ class HeadsBudget:
 HEADS_BUDGETS: Registry[HeadsBudget] = Registry("heads budget")
 
 # Sized for ≈ 40 minutes on 2 shared CPU cores with the 4 × 384 zoo target (vocabulary 8192), measured
-# with 1 thread beside the zoo build: the target reads ≈ 3.7 k tokens/s (7 × 128 k tokens: 4 min), an
-# EAGLE step of 8 × 128 positions takes 0.25 s (3000 + 6 × 400 steps: 22 min), a Medusa step 0.48 s
-# (1200 steps: 10 min). Hidden states: 7 × 128 k × 384 fp16 = 690 MB on disk.
+# with 1 thread beside the zoo build: the target reads ≈ 3.8 k tokens/s (7 × 96 k tokens: 3 min); an
+# EAGLE step of 8 × 128 positions with 2 unrolled draft steps takes 0.48 s (2000 + 6 × 250 steps:
+# 28 min), a Medusa step 0.47 s (800 steps: 6 min). Hidden states: 7 × 96 k × 384 fp16 = 520 MB on disk.
 HEADS_BUDGETS.register("full")(HeadsBudget(
-    name="full", corpus_budget="full", collect_tokens=128_000, seq_len=128,
-    generalist=TrainConfig(steps=3000, batch=8, seq_len=128, lr=2e-3, warmup=100, weight_decay=0.0),
-    specialist=TrainConfig(steps=400, batch=8, seq_len=128, lr=1e-3, warmup=20, weight_decay=0.0),
-    medusa=TrainConfig(steps=1200, batch=8, seq_len=128, lr=2e-3, warmup=60, weight_decay=0.0),
+    name="full", corpus_budget="full", collect_tokens=96_000, seq_len=128,
+    generalist=TrainConfig(steps=2000, batch=8, seq_len=128, lr=2e-3, warmup=100, weight_decay=0.0),
+    specialist=TrainConfig(steps=250, batch=8, seq_len=128, lr=1e-3, warmup=20, weight_decay=0.0),
+    medusa=TrainConfig(steps=800, batch=8, seq_len=128, lr=2e-3, warmup=50, weight_decay=0.0),
     eagle_intermediate=320,  # 7 EAGLE heads at 1.06 M parameters (2.1 MB in fp16) keep the zoo under 60 MB
 ))
 HEADS_BUDGETS.register("tiny")(HeadsBudget(
@@ -147,17 +148,58 @@ def soft_cross_entropy(features: torch.Tensor, lm_weight: torch.Tensor, top_ids:
 
 
 def eagle_loss(head: EagleHead, embed_weight: torch.Tensor, lm_weight: torch.Tensor, data: HiddenSet,
-               ce_weight: float, noise: float, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Pair i = (h_i, x_{i+1}) predicts h_{i+1}; its LM-head output is scored against the target at i + 1."""
+               ce_weight: float, noise: float, generator: torch.Generator | None = None,
+               unroll: int = 1) -> torch.Tensor:
+    """Pair i = (h_i, x_{i+1}) predicts h_{i+1}; its LM-head output is scored against the target at i + 1.
+
+    With ``unroll`` > 1 the draft steps that run on the head's own predictions are trained too
+    (:func:`eagle_unrolled`); each step's loss weighs the same.
+    """
     features = data.hidden[:, :-1]
     if noise > 0:
         features = features + noise * features.std() * torch.randn(features.shape, generator=generator)
-    embeds = F.embedding(data.tokens[:, 1:], embed_weight)
+    steps = eagle_unrolled(head, features, data.tokens, embed_weight, unroll)
+    return sum(_step_loss(p, data, s + 1, lm_weight, ce_weight) for s, p in enumerate(steps)) / len(steps)
+
+
+def eagle_unrolled(head: EagleHead, features: torch.Tensor, tokens: torch.Tensor, embed_weight: torch.Tensor,
+                   unroll: int) -> list[torch.Tensor]:
+    """The head's predictions at draft steps 1…``unroll``, teacher tokens as the drafted ones.
+
+    Step 1: pair i = (h_i, x_{i+1}) at position i → ĥ_{i+1}, for every i (``features`` (B, T − 1, H)
+    are the h_i, ``tokens`` (B, T)). Step s ≥ 2 of chain m (in the spirit of EAGLE-3's training-time
+    test): the pair (ĥ_{m+s−1}, x_{m+s}) at position m + s − 1, attending — exactly as when drafting —
+    to the true pairs 0…m and to its own chain's earlier steps; it predicts h_{m+s}. Returns
+    (B, T − 1, H) for step 1, then (B, T − unroll, H) per step (chains m < T − unroll).
+    """
+    embeds = F.embedding(tokens[:, 1:], embed_weight)
     positions = torch.arange(features.shape[1]).expand(features.shape[0], -1)
-    predicted, _ = head(features, embeds, positions)
-    regression = F.smooth_l1_loss(predicted, data.hidden[:, 1:])
-    ce = soft_cross_entropy(predicted, lm_weight, data.top_ids[:, 1:], data.top_logprobs[:, 1:])
-    return regression + ce_weight * ce
+    predicted, past = head(features, embeds, positions)
+    out = [predicted]
+    length = tokens.shape[1]
+    chains = length - unroll  # chain m needs tokens up to m + unroll
+    if unroll < 2 or chains < 1:
+        return out
+    masks = [torch.ones(chains, length - 1, dtype=torch.bool).tril()]  # chain m sees true pairs j ≤ m
+    features = predicted[:, :chains]
+    for step in range(2, unroll + 1):
+        embeds = F.embedding(tokens[:, step : step + chains], embed_weight)
+        positions = (torch.arange(chains) + step - 1).expand(features.shape[0], -1)
+        masks.append(torch.eye(chains, dtype=torch.bool))  # its own pair at each step so far
+        features, (k, v) = head(features, embeds, positions, past, torch.cat(masks, 1))
+        past = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+        out.append(features)
+    return out
+
+
+def _step_loss(predicted: torch.Tensor, data: HiddenSet, ahead: int, lm_weight: torch.Tensor,
+               ce_weight: float) -> torch.Tensor:
+    """Regression to h at ``ahead`` + i and soft CE against the target there, for predictions (B, n, H)."""
+    n = predicted.shape[1]
+    truth = data.hidden[:, ahead : ahead + n]
+    ce = soft_cross_entropy(predicted, lm_weight, data.top_ids[:, ahead : ahead + n],
+                            data.top_logprobs[:, ahead : ahead + n])
+    return F.smooth_l1_loss(predicted, truth) + ce_weight * ce
 
 
 def medusa_loss(heads: MedusaHeads, lm_weight: torch.Tensor, data: HiddenSet) -> torch.Tensor:
@@ -244,7 +286,7 @@ def train_head(ctx: HeadsContext, name: str, kind: str, domains: tuple[str, ...]
     def loss_of_rows(model: torch.nn.Module, index: np.ndarray) -> torch.Tensor:
         batch = data.batch(index)
         if kind == "eagle":
-            return eagle_loss(model, embed, lm, batch, b.ce_weight, b.feature_noise, noise_gen)
+            return eagle_loss(model, embed, lm, batch, b.ce_weight, b.feature_noise, noise_gen, b.unroll)
         return medusa_loss(model, lm, batch)
 
     ctx.path("checkpoints").mkdir(parents=True, exist_ok=True)
