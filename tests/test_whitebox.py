@@ -367,3 +367,15 @@ def test_unrolled_training_steps_are_the_drafting_steps(llama) -> None:
             for s in (2, 3):  # the drafted token is the text's x_{m+s}, at position m + s − 1
                 feature = drafter._feed(feature[None], [text[m + s]], [m + s - 1], None)[0]
                 assert torch.allclose(feature, steps[s - 1][0, m], atol=TOL), (m, s)
+
+
+@pytest.mark.parametrize("policy", ["ucb:prompt_prior=2", "hedgespec:prompt_prior=2"])
+def test_prompt_prior_scores_white_box_drafters(heads_dir, llama, policy) -> None:
+    """The prompt is prefilled before round 1, so heads can be scored on it like LM drafters."""
+    target, _ = llama
+    text = json.loads((heads_dir / "text.json").read_text())
+    pool = [load_head_drafter(str(heads_dir / "eagle-trained"), target), load_head_drafter(str(heads_dir / "medusa"), target)]
+    gen = Generator(target, None, pool, policy=policy)
+    prompt = text[0][:12]
+    out = gen.generate(prompt, max_new_tokens=20)
+    assert out.token_ids == _reference(target, prompt, 20, 0)
