@@ -281,12 +281,13 @@ def train_head(ctx: HeadsContext, name: str, kind: str, domains: tuple[str, ...]
         load_head_weights(module, init_from)
     embed = ctx.target.get_input_embeddings().weight.detach().float()
     lm = ctx.target.get_output_embeddings().weight.detach().float()
-    noise_gen = torch.Generator().manual_seed(b.seed)
 
     def loss_of_rows(model: torch.nn.Module, index: np.ndarray) -> torch.Tensor:
         batch = data.batch(index)
         if kind == "eagle":
-            return eagle_loss(model, embed, lm, batch, b.ce_weight, b.feature_noise, noise_gen, b.unroll)
+            # the noise is a pure function of the batch (itself a function of seed and step): resuming is exact
+            noise = torch.Generator().manual_seed(int(np.random.default_rng([b.seed, *index.tolist()]).integers(1 << 62)))
+            return eagle_loss(model, embed, lm, batch, b.ce_weight, b.feature_noise, noise, b.unroll)
         return medusa_loss(model, lm, batch)
 
     ctx.path("checkpoints").mkdir(parents=True, exist_ok=True)
