@@ -157,10 +157,43 @@ def zoo_corpus_candidates(explicit: str | Path | None = None) -> list[Path]:
     return candidates
 
 
+DATA_DIR = Path("../shared/data")  # where a fresh clone finds the shared datasets (CI's layout)
+CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "draftwise" / "zoo-corpus"
+
+
+def regenerate_zoo_corpus(data: Path = DATA_DIR, cache: Path = CACHE_DIR) -> Path | None:
+    """Rebuild the shipped zoo's held-out splits from the datasets, deterministically, into a cache.
+
+    The splits are dataset text, so they are never committed: the zoo's manifest records its
+    build budget and seed, and the corpus builder reproduces the same dev/test/train examples.
+    None when the zoo or the datasets are absent.
+    """
+    try:
+        from draftwise.zoo.budgets import BUDGETS
+        from draftwise.zoo.corpus import build_corpus, write_corpus
+        from draftwise.zoo.load import read_manifest
+
+        budget_name = read_manifest()["build"]["budget"]["name"]
+        budget = BUDGETS.get(budget_name)
+    except (ImportError, KeyError, DraftwiseError):
+        return None
+    if not data.is_dir():
+        return None
+    folder = cache / f"{budget_name}-{budget.seed}"
+    if not (folder / "DONE").exists():
+        log.warning("regenerating the zoo's held-out splits from %s into %s (once)", data, folder)
+        corpus = build_corpus(data, budget.limits, budget.n_dev, budget.n_test, seed=budget.seed)
+        write_corpus(corpus, folder)
+        (folder / "DONE").write_text("ok\n")
+    return folder
+
+
 def find_zoo_corpus(explicit: str | Path | None = None, split: str = "dev") -> Path:
     for folder in zoo_corpus_candidates(explicit):
         if (folder / split).is_dir() and any((folder / split).glob("*.jsonl")):
             return folder
+    if not explicit and (folder := regenerate_zoo_corpus()) is not None:
+        return folder
     if explicit:
         raise DraftwiseError(f"no zoo corpus at {explicit}: expected {split}/DOMAIN.jsonl there or under corpus/")
     raise DraftwiseError(
