@@ -50,6 +50,7 @@ def head_specs(heads: Path | None, tree: str) -> list[str]:
 
 def run_cell(gen: Generator, prompts: list[list[int]], reference: list[list[int]], max_new: int) -> dict:
     tokens = rounds = accepted = drafted = 0
+    draft_s = 0.0
     exact = True
     start = time.perf_counter()
     for prompt, ref in zip(prompts, reference):
@@ -59,8 +60,11 @@ def run_cell(gen: Generator, prompts: list[list[int]], reference: list[list[int]
         rounds += out.stats.rounds
         accepted += out.stats.accepted
         drafted += out.stats.drafted
+        draft_s += sum(r.draft_s for r in out.trace)
     return {"mat": tokens / max(rounds, 1), "acceptance": accepted / max(drafted, 1), "tokens": tokens,
-            "rounds": rounds, "wall_s": time.perf_counter() - start, "token_exact": exact}
+            "rounds": rounds, "wall_s": time.perf_counter() - start, "token_exact": exact,
+            "tokens_per_s": tokens / max(time.perf_counter() - start, 1e-9),
+            "draft_ms_per_drafted_token": 1000 * draft_s / max(drafted, 1)}
 
 
 def main() -> int:
@@ -94,6 +98,7 @@ def main() -> int:
             cell = run_cell(gen, prompts, reference, args.max_new_tokens)
             result["cells"].setdefault(drafter.name, {})[domain] = cell
             print(f"{drafter.name:<22} {domain:<14} MAT {cell['mat']:.2f} acc {cell['acceptance']:.2f}"
+                  f" tok/s {cell['tokens_per_s']:.0f} draft ms/token {cell['draft_ms_per_drafted_token']:.2f}"
                   f" exact {cell['token_exact']}", file=sys.stderr)
     print(format_table(result))
     if args.out:
