@@ -21,11 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftwise.drafters.base import Draft, DraftContext
-from draftwise.drafters.lm import TreeOptions, draft_tree
+from draftwise.drafters.lm import TreeOptions, draft_chain, draft_tree
 from draftwise.drafters.stopping import StopRule
 from draftwise.drafters.whitebox import (HeadConfig, RMSNorm, RowBuffer, WhiteBoxDrafter, apply_rotary,
-                                         causal_allowed, chain_draft, choose_token, load_head_weights,
-                                         register_head_kind, rotary_tables)
+                                         causal_allowed, load_head_weights, register_head_kind, rotary_tables)
 from draftwise.models import common_prefix_len
 from draftwise.tree import ROOT, tree_attention_mask, tree_positions
 
@@ -158,24 +157,19 @@ class EagleDrafter(WhiteBoxDrafter):
         logits = self.head_logits(feature)
         if self.tree.kind != "chain":
             return draft_tree(self.tree, logits, self._tree_expander(feature, len(context) - 1), max_len, ctx)
-        tokens: list[int] = []
-        rows: list[torch.Tensor] = []
-        if stop is not None:
-            stop.start_draft()
-        position = len(context) - 1  # the first draft pair (ĥ, x̂) sits right after the context pairs
-        for step in range(max_len):
-            if stop is not None and stop.should_stop(torch.softmax(logits, -1), step) and step > 0:
-                break
-            token, probs = choose_token(logits, ctx)
-            tokens.append(token)
-            if probs is not None:
-                rows.append(probs)
-            if token in ctx.eos_ids or step == max_len - 1:
-                break
-            feature = self._feed(feature[None], [token], [position], None)[0]
-            position += 1
-            logits = self.head_logits(feature)
-        return chain_draft(tokens, rows)
+        return draft_chain(logits, self._chain_advancer(feature, len(context) - 1), max_len, ctx, stop)
+
+    def _chain_advancer(self, feature: torch.Tensor, position: int):
+        """``advance(token)`` for :func:`draft_chain`: the pair (last predicted feature, drafted token),
+        the first one right after the context pairs."""
+        state = {"feature": feature, "position": position}
+
+        def advance(token: int) -> torch.Tensor:
+            state["feature"] = self._feed(state["feature"][None], [token], [state["position"]], None)[0]
+            state["position"] += 1
+            return self.head_logits(state["feature"])
+
+        return advance
 
     def _tree_expander(self, root_feature: torch.Tensor, context_pairs: int):
         """``expand(tokens, parents)`` for :func:`draft_tree`: a node's pair is (its parent's output, its token)."""

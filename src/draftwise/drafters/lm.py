@@ -174,6 +174,35 @@ def _children(probs: torch.Tensor, width: int, generator: torch.Generator | None
     return out
 
 
+def draft_chain(logits: torch.Tensor, advance: Callable[[int], torch.Tensor], max_len: int, ctx: DraftContext,
+                stop: StopRule | None = None) -> Draft:
+    """A chain drafted token by token from the drafter's logits after the context (V,).
+
+    Greedy: the argmax; sampling: a draw from the warped distribution (kept as the token's q).
+    ``advance(token)`` feeds the drafted token and returns the logits for the next position. A
+    stopping rule judges the next position's distribution before it is drafted (never the first);
+    drafting stops at EOS.
+    """
+    tokens: list[int] = []
+    rows: list[torch.Tensor] = []
+    if stop is not None:
+        stop.start_draft()
+    for step in range(max_len):
+        if stop is not None and stop.should_stop(torch.softmax(logits, -1), step) and step > 0:
+            break
+        if ctx.sampling.greedy:
+            token = int(logits.argmax())
+        else:
+            probs = warp(logits[None], ctx.sampling)[0]
+            token = int(torch.multinomial(probs, 1, generator=ctx.generator))
+            rows.append(probs)
+        tokens.append(token)
+        if token in ctx.eos_ids or step == max_len - 1:
+            break
+        logits = advance(token)
+    return Draft(tokens, torch.stack(rows) if rows else None)
+
+
 def draft_tree(opts: TreeOptions, logits: torch.Tensor, expand_logits: Expand, max_len: int, ctx: DraftContext) -> Draft:
     """A draft tree of shape ``opts`` from the drafter's logits after the context (V,).
 
@@ -219,24 +248,7 @@ class LMDrafter(Drafter):
         logits = self.lm.logits(context, 1)[0]  # catch-up: prefill only what this drafter has not seen
         if self.tree.kind != "chain":  # stopping rules judge chains; a tree's shape is its own rule
             return self._propose_tree(logits, max_len, ctx)
-        tokens: list[int] = []
-        rows: list[torch.Tensor] = []
-        if stop is not None:
-            stop.start_draft()
-        for step in range(max_len):
-            if stop is not None and stop.should_stop(torch.softmax(logits, -1), step) and step > 0:
-                break
-            if ctx.sampling.greedy:
-                token = int(logits.argmax())
-            else:
-                probs = warp(logits[None], ctx.sampling)[0]
-                token = int(torch.multinomial(probs, 1, generator=ctx.generator))
-                rows.append(probs)
-            tokens.append(token)
-            if token in ctx.eos_ids or step == max_len - 1:
-                break
-            logits = self.lm.extend([token], 1)[0]
-        return Draft(tokens, torch.stack(rows) if rows else None)
+        return draft_chain(logits, lambda token: self.lm.extend([token], 1)[0], max_len, ctx, stop)
 
     def _propose_tree(self, logits: torch.Tensor, max_len: int, ctx: DraftContext) -> Draft:
         return draft_tree(self.tree, logits, self.lm.tree_extend, max_len, ctx)

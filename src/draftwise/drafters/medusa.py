@@ -17,10 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftwise.drafters.base import Draft, DraftContext
-from draftwise.drafters.lm import TreeOptions, draft_tree
+from draftwise.drafters.lm import TreeOptions, draft_chain, draft_tree
 from draftwise.drafters.stopping import StopRule
-from draftwise.drafters.whitebox import (HeadConfig, WhiteBoxDrafter, chain_draft, choose_token, load_head_weights,
-                                         register_head_kind)
+from draftwise.drafters.whitebox import HeadConfig, WhiteBoxDrafter, load_head_weights, register_head_kind
 
 
 def medusa_config(hidden_size: int, vocab_size: int, num_heads: int = 3, **extra: Any) -> HeadConfig:
@@ -78,20 +77,8 @@ class MedusaDrafter(WhiteBoxDrafter):
         max_len = min(max_len, logits.shape[0])
         if self.tree.kind != "chain":
             return draft_tree(self.tree, logits[0], _by_depth(logits), max_len, ctx)
-        tokens: list[int] = []
-        rows: list[torch.Tensor] = []
-        if stop is not None:
-            stop.start_draft()
-        for step in range(max_len):
-            if stop is not None and stop.should_stop(torch.softmax(logits[step], -1), step) and step > 0:
-                break
-            token, probs = choose_token(logits[step], ctx)
-            tokens.append(token)
-            if probs is not None:
-                rows.append(probs)
-            if token in ctx.eos_ids:
-                break
-        return chain_draft(tokens, rows)
+        later = iter(logits[1:])  # the heads ignore the drafted tokens: position j + 1 is head j + 1's
+        return draft_chain(logits[0], lambda token: next(later), max_len, ctx, stop)
 
 
 def _by_depth(logits: torch.Tensor):

@@ -25,11 +25,11 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from draftwise.drafters.base import Draft, DraftContext, Drafter
+from draftwise.drafters.base import Drafter
 from draftwise.drafters.lm import TreeOptions, counterfactual_acceptance
 from draftwise.errors import DraftwiseError
 from draftwise.models import RowBuffer
-from draftwise.verify import Sampling, warp
+from draftwise.verify import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -252,18 +252,6 @@ class WhiteBoxDrafter(Drafter):
 
     def head_module(self) -> nn.Module:
         raise NotImplementedError
-
-
-def choose_token(logits: torch.Tensor, ctx: DraftContext) -> tuple[int, torch.Tensor | None]:
-    """Greedy: the argmax. Sampling: a draw from the warped distribution, returned with it (its q)."""
-    if ctx.sampling.greedy:
-        return int(logits.argmax()), None
-    probs = warp(logits[None], ctx.sampling)[0]
-    return int(torch.multinomial(probs, 1, generator=ctx.generator)), probs
-
-
-def chain_draft(tokens: list[int], rows: list[torch.Tensor]) -> Draft:
-    return Draft(tokens, torch.stack(rows) if rows else None)
 
 
 HeadFactory = Callable[..., WhiteBoxDrafter]
