@@ -297,7 +297,7 @@ def test_zoo_heads_are_named_but_not_in_zoo_all(tmp_path) -> None:
 
 
 # -- training -----------------------------------------------------------------------------------------------------
-def test_losses_fall_and_training_resumes(tmp_path, llama) -> None:
+def test_training_writes_every_head_and_resumes(tmp_path, llama) -> None:
     from draftwise.zoo.heads import install_heads, run_heads
 
     target, _ = llama
