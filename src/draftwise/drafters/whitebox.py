@@ -154,14 +154,6 @@ def read_head_config(folder: str | Path) -> HeadConfig:
     return HeadConfig.from_json(data, str(folder))
 
 
-def is_head_checkpoint(folder: str | Path) -> bool:
-    path = Path(folder).expanduser() / CONFIG_FILE
-    try:
-        return path.exists() and MARKER in json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
 def load_head_weights(module: nn.Module, folder: str | Path) -> nn.Module:
     """Load the weights into ``module`` in float32 (CPU fp16 kernels are slow; storage stays fp16)."""
     from safetensors.torch import load_file
