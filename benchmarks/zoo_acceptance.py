@@ -34,7 +34,7 @@ from draftwise.zoo.load import resolve_zoo_name, shipped_models_dir
 from draftwise.zoo.tokenizer import encode_prompts
 
 # defaults, one line each
-N_PROMPTS = 32  # dev prompts per domain
+N_PROMPTS = 100  # held-out prompts per domain (all of each dev split)
 MAX_NEW_TOKENS = 96  # target tokens decoded per prompt
 DRAFT_LENGTH = 5  # greedy draft length (HedgeSpec Table 1 uses a fixed draft length)
 THREADS = 1  # torch threads (the machine is shared)
