@@ -48,6 +48,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap the prompt in the tokenizer's chat template (default: when it has one)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice; 1 is often fastest for small models or a busy CPU)")
     p.add_argument("--dtype", default="float32", help="float32 (default), float16 or bfloat16")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     p.add_argument("--trace", metavar="FILE", help="write the per-round trace as JSONL")
@@ -62,6 +64,12 @@ def run(args: argparse.Namespace) -> int:
         prompt = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
     if not prompt.strip():
         raise DraftwiseError("the prompt is empty: pass it as an argument or on stdin")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise DraftwiseError(f"--threads must be ≥ 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
     target = args.target or DEFAULT_TARGET
     drafters = args.drafter if args.drafter is not None else (list(DEFAULT_POOL) if target == DEFAULT_TARGET else [])
     gen = Generator.from_pretrained(
