@@ -76,16 +76,7 @@ def _build_one(spec: str, target: Any, target_tokenizer: Any, options: LoadOptio
         factory = DRAFTERS.get(name)
         return factory(**typed_options(f"drafter {name!r}", raw, keyword_defaults(factory)))
     if head == "lm":
-        _, raw = split_spec(spec)
-        if "model" not in raw:
-            raise DraftwiseError(f"drafter {spec!r}: lm needs model=PATH")
-        model_path, name = raw.pop("model"), raw.pop("name", "")
-        tree_defaults = keyword_defaults(TreeOptions.parse)
-        unknown = [key for key in raw if key not in tree_defaults]
-        if unknown:
-            valid = ", ".join(["model", "name", *tree_defaults])
-            raise DraftwiseError(f"unknown option(s) {', '.join(unknown)} for drafter 'lm'; valid: {valid}")
-        tree = TreeOptions.parse(**typed_options("drafter 'lm'", raw, tree_defaults))
+        model_path, name, tree = _model_spec("lm", spec, "model", "a model path or hub id")
         return _load_lm_drafter(model_path, name, target, target_tokenizer, options, tree)
     if head in WHITE_BOX_KINDS:
         return _load_head_spec(head, spec, target)
@@ -97,18 +88,23 @@ def _build_one(spec: str, target: Any, target_tokenizer: Any, options: LoadOptio
     return _load_lm_drafter(spec, "", target, target_tokenizer, options)
 
 
+def _model_spec(kind: str, spec: str, key: str, what: str) -> tuple[str, str, TreeOptions]:
+    """``KIND:KEY=PATH[,name=N][,tree options]`` → (path, name, tree options)."""
+    _, raw = split_spec(spec)
+    if key not in raw:
+        raise DraftwiseError(f"drafter {spec!r}: {kind} needs {key}=PATH ({what})")
+    path, name = raw.pop(key), raw.pop("name", "")
+    tree_defaults = keyword_defaults(TreeOptions.parse)
+    unknown = [option for option in raw if option not in tree_defaults]
+    if unknown:
+        valid = ", ".join([key, "name", *tree_defaults])
+        raise DraftwiseError(f"unknown option(s) {', '.join(unknown)} for drafter {kind!r}; valid: {valid}")
+    return path, name, TreeOptions.parse(**typed_options(f"drafter {kind!r}", raw, tree_defaults))
+
+
 def _load_head_spec(kind: str, spec: str, target: Any) -> WhiteBoxDrafter:
     """``eagle:head=PATH[,name=N][,tree options]`` (likewise ``medusa``)."""
-    _, raw = split_spec(spec)
-    if "head" not in raw:
-        raise DraftwiseError(f"drafter {spec!r}: {kind} needs head=PATH (a head checkpoint folder or zoo name)")
-    path, name = raw.pop("head"), raw.pop("name", "")
-    tree_defaults = keyword_defaults(TreeOptions.parse)
-    unknown = [key for key in raw if key not in tree_defaults]
-    if unknown:
-        valid = ", ".join(["head", "name", *tree_defaults])
-        raise DraftwiseError(f"unknown option(s) {', '.join(unknown)} for drafter {kind!r}; valid: {valid}")
-    tree = TreeOptions.parse(**typed_options(f"drafter {kind!r}", raw, tree_defaults))
+    path, name, tree = _model_spec(kind, spec, "head", "a head checkpoint folder or zoo name")
     return load_head_drafter(path, target, kind=kind, name=name, tree=tree)
 
 
