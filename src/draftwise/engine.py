@@ -66,6 +66,7 @@ class Engine:
         self.target = target
         self.drafters = list(drafters)
         self.arms = list(arms)
+        self.played = {arm.drafter for arm in self.arms}  # drafters behind some arm
         self.policy = policy
         self.rules: list[StopRule | None] = []
         self.pending: list[PendingRound] = []
@@ -267,7 +268,8 @@ class Engine:
         record.eval_s += time.perf_counter() - start
 
     def _evaluated(self, drafter: int) -> bool:
-        return any(arm.drafter == drafter for arm in self.arms)
+        """Is this drafter behind some arm (so its counterfactual feedback is needed)?"""
+        return drafter in self.played
 
     @staticmethod
     def _proposals_along(drafter: Drafter, context: list[int], verified: list[int], dctx: DraftContext) -> list[int | None]:
