@@ -275,9 +275,11 @@ class Engine:
     def _proposals_along(drafter: Drafter, context: list[int], verified: list[int], dctx: DraftContext) -> list[int | None]:
         """What a deterministic drafter would have proposed at each verified position."""
         out: list[int | None] = []
-        for j in range(len(verified)):
-            proposal = drafter.propose(context + verified[:j], 1, dctx).tokens
+        sequence = list(context)  # grown one token at a time: no copy of the context per position
+        for token in verified:
+            proposal = drafter.propose(sequence, 1, dctx).tokens
             out.append(proposal[0] if proposal else None)
+            sequence.append(token)
         return out
 
     def _evaluate(self, context: list[int], dctx: DraftContext) -> None:
