@@ -220,12 +220,7 @@ class Engine:
             if not self._evaluated(i):
                 continue
             if _scored_by_logits(drafter):
-                if drafter.bank is None:
-                    logits = drafter.next_logits(prompt[:-1], window)
-                else:
-                    if id(drafter.bank) not in batched:
-                        batched[id(drafter.bank)] = drafter.bank.sync_all(prompt[:-1], window)
-                    logits = batched[id(drafter.bank)][drafter.lm.slot]
+                logits = _drafter_logits(drafter, prompt[:-1], window, batched)
                 rates[i] = float((logits.argmax(-1) == targets).float().mean())
             else:
                 guesses = self._proposals_along(drafter, prompt[: len(prompt) - window], prompt[len(prompt) - window :], dctx)
@@ -299,13 +294,7 @@ class Engine:
             if not self._evaluated(i):
                 continue
             if _scored_by_logits(drafter):  # LM and white-box drafters: one short forward over the pending tokens
-                bank = drafter.bank
-                if bank is None:
-                    q_logits = drafter.next_logits(prefix, total)  # (total, V): one short prefill
-                else:
-                    if id(bank) not in batched:
-                        batched[id(bank)] = bank.sync_all(prefix, total)  # (members, total, V)
-                    q_logits = batched[id(bank)][drafter.lm.slot]
+                q_logits = _drafter_logits(drafter, prefix, total, batched)  # (total, V)
                 scores[i] = drafter.acceptance_along(q_logits, choice, probs, dctx.sampling)  # chain or tree
             else:
                 proposed = [tok for p in self.pending for tok in p.proposals[i]]
@@ -349,3 +338,15 @@ def _scored_by_logits(drafter: Drafter) -> bool:
     """LM and white-box drafters give their distribution at every verified position (``next_logits``);
     deterministic ones are asked what they would have proposed."""
     return isinstance(drafter, (LMDrafter, WhiteBoxDrafter))
+
+
+def _drafter_logits(drafter: Drafter, prefix: list[int], n_out: int, batched: dict[int, torch.Tensor]) -> torch.Tensor:
+    """A drafter's logits (n_out, V) after ``prefix``: one short prefill of its own, or — for a
+    drafter on a LlamaBank — its row of one batched forward of the whole bank, computed once
+    per bank and kept in ``batched``."""
+    bank = getattr(drafter, "bank", None)
+    if bank is None:
+        return drafter.next_logits(prefix, n_out)
+    if id(bank) not in batched:
+        batched[id(bank)] = bank.sync_all(prefix, n_out)  # (members, n_out, V)
+    return batched[id(bank)][drafter.lm.slot]
