@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from zoo_shaped import zoo_shaped_models  # benchmarks/zoo_shaped.py
 
 THREADS = 2  # these machines have 2 cores
 PROMPTS = 8  # prompts per repeat
@@ -30,23 +31,9 @@ DRAFT_LEN = 4  # draft tokens per round, both engines
 REPEATS = 3  # timed repeats after one warm-up pass
 
 
-def build_random_models(root: Path) -> tuple[str, str]:
-    """Zoo-shaped random models: target 4 × 384, drafter 1 × 128, vocab 8192 (no EOS: fixed lengths)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    common = dict(vocab_size=8192, max_position_embeddings=1024, tie_word_embeddings=True,
-                  eos_token_id=None, bos_token_id=None, pad_token_id=None)
-    target = LlamaForCausalLM(LlamaConfig(hidden_size=384, intermediate_size=1024, num_hidden_layers=4,
-                                          num_attention_heads=6, num_key_value_heads=6, **common))
-    drafter = LlamaForCausalLM(LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=1,
-                                           num_attention_heads=4, num_key_value_heads=4, **common))
-    paths = []
-    for name, model in (("target", target), ("drafter", drafter)):
-        model.generation_config.eos_token_id = None
-        model.save_pretrained(root / name)
-        paths.append(str(root / name))
-    return paths[0], paths[1]
+def _one_drafter(root: Path) -> tuple[str, str]:
+    target, (drafter,) = zoo_shaped_models(root, drafters=1)
+    return target, drafter
 
 
 def prompt_ids(args: argparse.Namespace, encode) -> list[list[int]]:
@@ -99,7 +86,7 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     tmp = tempfile.TemporaryDirectory()
-    target_path, drafter_path = (args.target, args.drafter) if args.target else build_random_models(Path(tmp.name))
+    target_path, drafter_path = (args.target, args.drafter) if args.target else _one_drafter(Path(tmp.name))
     target, tokenizer = load_causal_lm(target_path, LoadOptions())
     drafter, _ = load_causal_lm(drafter_path, LoadOptions())
     plain = Generator.from_pretrained(target_path, [], policy="fixed:none")

@@ -16,27 +16,11 @@ import time
 from pathlib import Path
 
 import torch
+from zoo_shaped import zoo_shaped_models  # benchmarks/zoo_shaped.py
 
 THREADS = 2  # the machine's cores
 NEW_TOKENS = 96  # tokens per query
 QUERIES = 4  # timed queries per configuration
-
-
-def build_models(root: Path) -> tuple[str, list[str]]:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    common = dict(vocab_size=8192, max_position_embeddings=1024, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    target = LlamaForCausalLM(LlamaConfig(hidden_size=384, intermediate_size=1024, num_hidden_layers=4,
-                                          num_attention_heads=6, num_key_value_heads=6, **common))
-    target.save_pretrained(root / "target")
-    paths = []
-    for i in range(4):
-        drafter = LlamaForCausalLM(LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=1,
-                                               num_attention_heads=4, num_key_value_heads=4, **common))
-        drafter.save_pretrained(root / f"drafter{i}")
-        paths.append(str(root / f"drafter{i}"))
-    return str(root / "target"), paths
 
 
 @torch.inference_mode()
@@ -72,7 +56,7 @@ def main() -> None:
 
         target, drafters = "zoo:target", [f"zoo:{n}" for n in zoo_drafter_names()[:4]]
     else:
-        target, drafters = build_models(Path(tmp.name))
+        target, drafters = zoo_shaped_models(Path(tmp.name), drafters=4)
     prompts = [[(7 * q + 3 * i) % 8000 + 10 for i in range(48)] for q in range(QUERIES + 1)]
     configs = {
         "4 LM, batched (bank), every round": (drafters, "normalhedge", True),
