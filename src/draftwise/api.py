@@ -139,7 +139,8 @@ class Generator:
         outcome = self.engine.run(ids, settings, generator)
         new_ids = outcome.tokens[len(ids):]
         text = self.tokenizer.decode(new_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
-        stats = summarize(outcome.records, len(new_ids), outcome.wall_s, outcome.stopped_by)
+        stats = summarize(outcome.records, len(new_ids), outcome.wall_s, outcome.stopped_by,
+                          outcome.extra_target_calls)
         return GenerationResult(new_ids, text, stats, outcome.records, prompt_ids=ids, seed=seed)
 
     def _fit_context(self, ids: list[int], max_new_tokens: int, truncate: bool) -> list[int]:

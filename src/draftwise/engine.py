@@ -57,6 +57,7 @@ class QueryOutcome:
     records: list[RoundRecord]
     stopped_by: str
     wall_s: float
+    extra_target_calls: int = 0  # target forwards outside the rounds (a white-box prompt prefill)
 
 
 class Engine:
@@ -109,7 +110,9 @@ class Engine:
         wall = time.perf_counter() - start
         for drafter in self.drafters:
             drafter.end_query(context, len(prompt))
-        return QueryOutcome(context, records, stopped_by, wall)
+        # the white-box prompt prefill is a target call of its own: count it
+        extra_calls = 1 if self.white_box and len(prompt) > 1 else 0
+        return QueryOutcome(context, records, stopped_by, wall, extra_calls)
 
     def _round(self, index: int, context: list[int], generated: int, settings: QuerySettings, dctx: DraftContext) -> tuple[RoundRecord, str | None]:
         clock = time.perf_counter

@@ -76,7 +76,8 @@ class Stats:
         return asdict(self)
 
 
-def summarize(records: list[RoundRecord], new_tokens: int, wall_s: float, stopped_by: str) -> Stats:
+def summarize(records: list[RoundRecord], new_tokens: int, wall_s: float, stopped_by: str,
+              extra_target_calls: int = 0) -> Stats:
     """Aggregate round records into :class:`Stats`."""
     drafted = sum(r.drafted for r in records)
     accepted = sum(r.accepted for r in records)
@@ -86,7 +87,7 @@ def summarize(records: list[RoundRecord], new_tokens: int, wall_s: float, stoppe
     return Stats(
         new_tokens=new_tokens,
         rounds=rounds,
-        target_calls=rounds,
+        target_calls=rounds + extra_target_calls,
         mat=new_tokens / rounds if rounds else 0.0,
         acceptance_rate=accepted / drafted if drafted else 0.0,
         drafted=drafted,
