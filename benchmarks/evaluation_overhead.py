@@ -58,16 +58,19 @@ def main() -> None:
     else:
         target, drafters = zoo_shaped_models(Path(tmp.name), drafters=4)
     prompts = [[(7 * q + 3 * i) % 8000 + 10 for i in range(48)] for q in range(QUERIES + 1)]
+    # (pool, policy, lean batched path, drafter LM-head dtype)
     configs = {
-        "4 LM, batched (bank), every round": (drafters, "normalhedge", True),
-        "4 LM, one by one (transformers), every round": (drafters, "normalhedge", False),
-        "4 LM, batched, hedgespec (skip 6 tokens)": (drafters, "hedgespec", True),
-        "PLD + suffix only, every round": (["pld", "suffix"], "normalhedge", True),
+        "4 LM, batched (bank), bf16 heads, every round": (drafters, "normalhedge", True, "bfloat16"),
+        "4 LM, batched (bank), fp32 heads, every round": (drafters, "normalhedge", True, "float32"),
+        "4 LM, one by one (transformers), every round": (drafters, "normalhedge", False, None),
+        "4 LM, batched, bf16 heads, hedgespec (skip 6 tokens)": (drafters, "hedgespec", True, "bfloat16"),
+        "4 LM, batched, fp32 heads, hedgespec (skip 6 tokens)": (drafters, "hedgespec", True, "float32"),
+        "PLD + suffix only, every round": (["pld", "suffix"], "normalhedge", True, None),
     }
     forward_ms = None
     figures: dict[str, dict[str, float]] = {}
-    for label, (pool, policy, fast) in configs.items():
-        gen = Generator.from_pretrained(target, pool, policy=policy, fast_drafters=fast)
+    for label, (pool, policy, fast, head) in configs.items():
+        gen = Generator.from_pretrained(target, pool, policy=policy, fast_drafters=fast, drafter_head_dtype=head)
         if forward_ms is None:
             forward_ms = target_forward_ms(gen.model)
         gen.generate(prompts[0], max_new_tokens=16, ignore_eos=True)  # warm-up

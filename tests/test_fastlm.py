@@ -30,7 +30,7 @@ def _fresh(model, tokens: list[int], n_out: int) -> torch.Tensor:
 @pytest.mark.parametrize("tied", [True, False])
 def test_bank_views_match_transformers_through_crops_and_extends(tied: bool) -> None:
     models = _llamas(3, tie_word_embeddings=tied)
-    bank = LlamaBank(models)
+    bank = LlamaBank(models, head_dtype="float32")  # the same maths as transformers, to 1e-6
     views = [BankLM(bank, slot, m) for slot, m in enumerate(models)]
     rng = random.Random(0)
     tokens = [rng.randrange(97) for _ in range(5)]
@@ -52,7 +52,7 @@ def test_bank_views_match_transformers_through_crops_and_extends(tied: bool) -> 
 
 def test_cache_grows_past_its_first_capacity() -> None:
     models = _llamas(2)
-    bank = LlamaBank(models)
+    bank = LlamaBank(models, head_dtype="float32")
     tokens = [i % 97 for i in range(300)]  # beyond the initial 256 slots
     view = BankLM(bank, 1, models[1])
     assert torch.allclose(view.logits(tokens, 2), _fresh(models[1], tokens, 2), atol=TOL)
@@ -69,3 +69,22 @@ def test_only_plain_llamas_of_one_shape_share_a_bank() -> None:
     banks = attach_banks(drafters)
     assert sorted(bank.count for bank in banks) == [1, 2]
     assert drafters[0].bank is drafters[1].bank and drafters[3].bank is None
+
+
+def test_bfloat16_head_is_close_to_float32_and_batched_equals_one_by_one() -> None:
+    models = _llamas(3)
+    bank = LlamaBank(models, head_dtype="bfloat16")
+    tokens = [(7 * i) % 97 for i in range(12)]
+    every = bank.sync_all(tokens, 3)
+    for slot, model in enumerate(models):
+        exact = _fresh(model, tokens, 3)
+        assert every[slot].dtype == torch.float32
+        assert torch.allclose(every[slot], exact, atol=0.05, rtol=0.02)  # bfloat16 rounding, not a bug
+        # what the evaluation phase scores (batched) is what the drafter computes alone
+        alone = LlamaBank(models, head_dtype="bfloat16")
+        assert torch.equal(BankLM(alone, slot, model).logits(tokens, 3), every[slot])
+
+
+def test_head_dtype_is_checked() -> None:
+    with pytest.raises(ValueError, match="head_dtype 'int8'"):
+        LlamaBank(_llamas(1), head_dtype="int8")

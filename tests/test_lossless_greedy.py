@@ -25,6 +25,8 @@ SETUPS = {
     "llama-mixed": ("llama-target", ["llama-near", "pld", "suffix", "llama-twin"], ["ucb", "random", "hierarchical"]),
     "gpt2-lm": ("gpt2-target", ["gpt2-near", "pld", "suffix"], ["ucb", "round-robin"]),
     "llama-none": ("llama-target", [], ["ucb"]),  # plain decoding
+    # drafters with bfloat16 LM heads (the lean path's default on CPUs that multiply it natively)
+    "llama-bf16-heads": ("llama-target", ["llama-near", "llama-small", "pld"], ["ucb", "hedgespec"]),
 }
 
 
@@ -63,18 +65,19 @@ def _reference(model, prompt: list[int], max_new: int, eos: int | None) -> list[
     return new
 
 
-def _generator(tiny_models, target: str, specs: list[str], policy: str) -> Generator:
+def _generator(tiny_models, target: str, specs: list[str], policy: str, head_dtype: str | None = None) -> Generator:
     options = LoadOptions()
     model, tokenizer = load_causal_lm(str(tiny_models[target]), options)
     pool = build_drafters([str(tiny_models[s]) if s in tiny_models else s for s in specs], model, tokenizer, options)
-    return Generator(model, tokenizer, pool, policy=policy)
+    return Generator(model, tokenizer, pool, policy=policy, drafter_head_dtype=head_dtype)
 
 
 @pytest.mark.parametrize("setup", sorted(SETUPS))
 def test_greedy_matches_transformers(tiny_models, setup: str) -> None:
     target, specs, policies = SETUPS[setup]
     reference_model = AutoModelForCausalLM.from_pretrained(tiny_models[target]).eval()
-    generators = [_generator(tiny_models, target, specs, policy) for policy in policies]
+    head_dtype = "bfloat16" if setup.endswith("bf16-heads") else None
+    generators = [_generator(tiny_models, target, specs, policy, head_dtype) for policy in policies]
     rng = random.Random(setup)
     vocab = generators[0].target.vocab_size
     mats = []

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from draftwise import Generator
 from draftwise.drafters import DraftContext, LMDrafter, build_drafters
+from draftwise.fastlm import BankLM, LlamaBank
 from draftwise.models import LoadOptions, load_causal_lm
 from draftwise.policies import PRESETS
 from draftwise.verify import Sampling, warp
@@ -58,10 +59,15 @@ def test_preset_sampling_follows_the_target(preset: str) -> None:
     assert chi_square_p(counts, exact_joint(target, sampling)) > 1e-3
 
 
-def _actual_acceptance(drafter, context: list[int], target_logits: torch.Tensor, sampling: Sampling) -> float:
+def _actual_acceptance(drafter, context: list[int], target_logits: torch.Tensor, sampling: Sampling,
+                       head_dtype: str = "float32") -> float:
     """Run the drafter from scratch on the prefix and score its proposal against the target row."""
     if isinstance(drafter, LMDrafter):
-        fresh = drafter.lm.model(torch.tensor([context])).logits[0, -1].float()
+        model = drafter.lm.model
+        if head_dtype == "float32":
+            fresh = model(torch.tensor([context])).logits[0, -1].float()
+        else:  # the drafter alone on a fresh bank with the same head precision
+            fresh = BankLM(LlamaBank([model], head_dtype), 0, model).logits(context, 1)[0]
         if sampling.greedy:
             return float(fresh.argmax() == target_logits.argmax())
         p, q = warp(target_logits[None], sampling)[0], warp(fresh[None], sampling)[0]
@@ -76,12 +82,14 @@ def _actual_acceptance(drafter, context: list[int], target_logits: torch.Tensor,
     return float(warp(target_logits[None], sampling)[0, proposal[0]])
 
 
-@pytest.mark.parametrize("policy", ["normalhedge", "hedgespec", "hedgespec:game=token,skip=4,warmup=1"])
+@pytest.mark.parametrize("policy,head_dtype", [("normalhedge", "float32"), ("hedgespec", "float32"),
+                                               ("hedgespec:game=token,skip=4,warmup=1", "float32"),
+                                               ("hedgespec", "bfloat16")])
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 @torch.inference_mode()
-def test_counterfactual_is_exact(llama, policy: str, temperature: float) -> None:
+def test_counterfactual_is_exact(llama, policy: str, head_dtype: str, temperature: float) -> None:
     model, tokenizer, pool = llama
-    gen = Generator(model, tokenizer, pool(), policy=policy)
+    gen = Generator(model, tokenizer, pool(), policy=policy, drafter_head_dtype=head_dtype)
     prompt = [5, 6, 7, 8, 9, 5, 6, 7, 10, 11, 5, 6]
     result = gen.generate(prompt, max_new_tokens=40, temperature=temperature, seed=3, ignore_eos=True)
     tokens = prompt + result.token_ids
@@ -95,7 +103,7 @@ def test_counterfactual_is_exact(llama, policy: str, temperature: float) -> None
             context = tokens[: start + j]
             target_logits = model(torch.tensor([context])).logits[0, -1].float()
             for arm, row in zip(gen.arms, record.counterfactual):
-                expected = _actual_acceptance(gen.drafters[arm.drafter], context, target_logits, sampling)
+                expected = _actual_acceptance(gen.drafters[arm.drafter], context, target_logits, sampling, head_dtype)
                 assert row[j] == pytest.approx(expected, abs=1e-4), (record.index, j, arm.name)
                 checked += 1
     assert checked >= 40 * len(gen.arms) * 0.5  # most positions were evaluated (skipping defers the tail)

@@ -40,7 +40,7 @@ def _lms(tiny_models, name: str) -> list:
     model, _ = load_causal_lm(str(tiny_models[name]), LoadOptions())
     lms = [CachedLM(model)]
     if name.startswith("llama"):
-        lms.append(BankLM(LlamaBank([model]), 0, model))  # the lean drafter path grows trees too
+        lms.append(BankLM(LlamaBank([model], head_dtype="float32"), 0, model))  # the lean path grows trees too
     return lms
 
 

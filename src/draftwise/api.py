@@ -42,6 +42,7 @@ class Generator:
         stops: Sequence[str] | None = None,
         arm_drafter: str | None = None,
         fast_drafters: bool = True,
+        drafter_head_dtype: str | None = None,
     ) -> None:
         self.model = target
         self.tokenizer = tokenizer
@@ -50,7 +51,10 @@ class Generator:
         self.target = CachedLM(target)
         self.drafters = list(drafters)
         if fast_drafters:  # small Llama drafters run on the lean batched path (draftwise.fastlm)
-            attach_banks(self.drafters)
+            try:  # their LM head in bfloat16 where the CPU multiplies it natively (default "auto")
+                attach_banks(self.drafters, drafter_head_dtype)
+            except ValueError as error:
+                raise DraftwiseError(f"drafter_head_dtype: {error}") from None
         layout, settings = arm_settings(policy, draft_len, arms, max_draft, stops, arm_drafter)
         self.arms = build_arms(layout, self.drafters, settings)
         self.policy_spec = policy

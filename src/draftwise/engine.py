@@ -290,6 +290,7 @@ class Engine:
         greedy = self.pending[0].probs is None
         probs = None if greedy else torch.cat([p.probs for p in self.pending])
         choice = logits.argmax(-1)
+        chosen = choice.tolist()  # Python ints: per-position tensor indexing costs µs each
         scores: dict[int | None, list[float]] = {None: [0.0] * total}
         batched: dict[int, torch.Tensor] = {}  # per drafter bank: every member's logits in one forward
         prefix = context[: first + total - 1]
@@ -301,8 +302,11 @@ class Engine:
                 scores[i] = drafter.acceptance_along(q_logits, choice, probs, dctx.sampling)  # chain or tree
             else:
                 proposed = [tok for p in self.pending for tok in p.proposals[i]]
-                scores[i] = [0.0 if tok is None else float(choice[j] == tok) if greedy else float(probs[j, tok])
-                             for j, tok in enumerate(proposed)]
+                if greedy:
+                    scores[i] = [float(tok == best) for tok, best in zip(proposed, chosen)]
+                else:  # the target's probability of each proposal, gathered at once
+                    mass = probs[torch.arange(total), torch.tensor([-1 if t is None else t for t in proposed])].tolist()
+                    scores[i] = [0.0 if tok is None else m for tok, m in zip(proposed, mass)]
         offset = 0
         for item in self.pending:
             item.record.counterfactual = [scores[arm.drafter][offset : offset + item.rows] for arm in self.arms]

@@ -46,14 +46,36 @@ class SuffixTrie:
         self.extend(tokens)
         self.active = saved
 
-    def match(self, context: Sequence[int], max_match: int) -> tuple[TrieNode | None, int]:
-        """Deepest node for a suffix of ``context`` that has a continuation, and its length."""
+    def match(self, context: Sequence[int], max_match: int, upper: int | None = None) -> tuple[TrieNode | None, int]:
+        """Deepest node for a suffix of ``context`` that has a continuation, and its length.
+
+        A suffix with a continuation implies every shorter suffix has one, so the lengths that
+        qualify are 1..best. With ``upper`` (a known bound on best, e.g. the previous match + the
+        tokens added since) scan down from it: amortized two walks per token instead of one per length.
+        """
+        longest = min(max_match, len(context))
+        if upper is not None:
+            for length in range(min(upper, longest), 0, -1):
+                node = self._walk(context[len(context) - length :])
+                if node is not None and node.children:
+                    return node, length
+            return None, 0
         best: TrieNode | None = None
         best_len = 0
-        # A suffix with a continuation implies every shorter suffix has one: stop at the first miss.
-        for length in range(1, min(max_match, len(context)) + 1):
+        for length in range(1, longest + 1):
             node = self._walk(context[len(context) - length :])
             if node is None or not node.children:
+                break
+            best, best_len = node, length
+        return best, best_len
+
+    def stream_match(self, max_match: int) -> tuple[TrieNode | None, int]:
+        """``match`` for the stream this trie follows, with no walk: its suffixes' nodes are the
+        active ones, and a node has children only if that suffix occurred earlier with a continuation."""
+        best: TrieNode | None = None
+        best_len = 0
+        for length, node in enumerate(self.active[:max_match], start=1):
+            if not node.children:
                 break
             best, best_len = node, length
         return best, best_len
@@ -138,10 +160,12 @@ class SuffixDrafter(Drafter):
         self.global_trie = SuffixTrie(depth)
         self.local = SuffixTrie(depth)
         self.seen = 0
+        self.global_match = (0, 0)  # (context length, match length) of the last global-trie match
 
     def begin_query(self, prompt: Sequence[int]) -> None:
         self.local = SuffixTrie(self.depth)
         self.seen = 0
+        self.global_match = (0, 0)
 
     def end_query(self, tokens: Sequence[int], prompt_len: int) -> None:
         response = list(tokens[prompt_len:])
@@ -165,12 +189,14 @@ class SuffixDrafter(Drafter):
         self.seen = len(context)
         if max_len <= 0:
             return Draft([])
-        best: tuple[TrieNode | None, int] = (None, 0)
-        for trie in (self.local, self.global_trie):
-            node, length = trie.match(context, self.depth - 1)
-            if length > best[1]:
-                best = (node, length)
-        node, length = best
+        node, length = self.local.stream_match(self.depth - 1)
+        if self.global_trie.root.children:  # earlier responses: their trie must be walked
+            seen, previous = self.global_match
+            upper = previous + len(context) - seen if seen <= len(context) else None
+            other, other_length = self.global_trie.match(context, self.depth - 1, upper)
+            self.global_match = (len(context), other_length)
+            if other_length > length:
+                node, length = other, other_length
         if node is None:
             return Draft([])
         limit = min(max_len, max(1, int(self.factor * length)))
