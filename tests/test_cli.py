@@ -104,8 +104,10 @@ def test_ctrl_c_returns_what_was_generated(tiny_models, capsys, monkeypatch) -> 
         return original(self, context, max_len, ctx, stop)
 
     monkeypatch.setattr(PromptLookupDrafter, "propose", interrupt_on_fifth_round)
+    # a fixed policy: PLD is asked exactly once per round (the default also asks whether it matches)
     code, out, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), "--drafter", "pld",
-                          "--max-new-tokens", "50", "--ignore-eos", "--json", "the cat sat on the mat")
+                          "--policy", "fixed:0", "--max-new-tokens", "50", "--ignore-eos", "--json",
+                          "the cat sat on the mat")
     assert code == 130
     obj = json.loads(out)
     assert obj["stats"]["stopped_by"] == "interrupted"

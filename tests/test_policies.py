@@ -76,6 +76,7 @@ CONCENTRATION = [
     ("normalhedge:loss=hybrid", 200, 0.90),
     ("adanormalhedge", 300, 0.90),
     ("hierarchical:outer=ucb,inner=ucb", 400, 0.90),  # one arm per drafter here: the outer learner decides
+    ("ctx-ucb", 800, 0.80),  # no context here (none set): plain UCB with a bonus in units of the mean reward
 ]
 
 

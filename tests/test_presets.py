@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from draftwise import Generator
+from draftwise.api import DEFAULT_POLICY
 from draftwise.drafters import DraftContext, LMDrafter, build_drafters
 from draftwise.fastlm import BankLM, LlamaBank
 from draftwise.models import LoadOptions, load_causal_lm
@@ -20,7 +21,7 @@ from draftwise.verify import Sampling, warp
 from test_lossless_greedy import _reference
 from test_lossless_sampling import DRAFTERS, _model, chi_square_p, exact_joint
 
-PRESET_NAMES = sorted(PRESETS)
+PRESET_NAMES = sorted(PRESETS) + [DEFAULT_POLICY]  # the papers' presets and our default
 
 
 @pytest.fixture(scope="module")

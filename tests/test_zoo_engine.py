@@ -47,5 +47,5 @@ def test_generate_defaults_to_the_embedded_zoo(capsys) -> None:
     code = main(["generate", "--max-new-tokens", "24", "--json", PROMPTS[0]])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["stats"]["new_tokens"] > 0
-    arms = set(out["stats"]["pulls"])
-    assert arms <= {*load.zoo_drafter_names(), "pld", "suffix"}
+    drafters = {name.split("=")[-1].split("@")[0] for name in out["stats"]["pulls"]}  # auto@4=code → code
+    assert drafters <= {*load.zoo_drafter_names(), "pld", "suffix", "none"}

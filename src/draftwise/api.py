@@ -20,7 +20,7 @@ from draftwise.verify import Sampling
 
 log = logging.getLogger(__name__)
 
-DEFAULT_POLICY = "ucb:reward=throughput"  # measured best adaptive policy on the zoo dev set (BENCHMARKS.md)
+DEFAULT_POLICY = "ctx-ucb"  # measured best on the zoo dev set (BENCHMARKS.md, "Default policy selection")
 DEFAULT_DRAFT_LEN = 4  # draft tokens per round; verifying 5 tokens costs ≈ 1.6–2× one on CPU
 
 

@@ -7,7 +7,10 @@ Layouts (``--arms``):
 * ``lengths`` — draft lengths 0 (no speculation), 1, …, L of one drafter (BanditSpec §6.2);
 * ``stops`` — the stopping rules of one LM drafter, up to a max draft length (TapOut);
 * ``drafters×stops`` — every LM drafter with every rule, plus the other drafters as they are;
-* an explicit list ``code@6+svip,pld@3,none`` (``DRAFTER[@LEN][+RULE]``).
+* ``cascade`` — draftwise's own: one lookup drafter with long drafts, one *routed* arm over the
+  model drafters (which one is picked per query by how well each predicts the prompt), and no
+  speculation; made for the ``ctx-ucb`` policy (the default);
+* an explicit list ``code@6+svip,pld@3,none`` (``DRAFTER[@LEN][+RULE]``; ``auto@4`` is the routed arm).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from draftwise.errors import DraftwiseError
 from draftwise.registry import Registry
 
 NONE = "none"
+AUTO = "auto"  # the routed arm's drafter name in explicit lists
 TAPOUT_RULES = ("static", "max-confidence", "svip", "adaedl", "svip-difference", "logit-margin")
 
 
@@ -32,6 +36,9 @@ class Arm:
     drafter: int | None  # index into the drafter pool; None = no speculation (plain decoding)
     draft_len: int  # the draft budget (max length under a stopping rule)
     stop: str | None = None  # stopping-rule spec for LM drafters
+    # A routed arm: the engine picks its drafter among these at the start of each query, by
+    # each one's top-1 accuracy on the prompt (``drafter`` is then only the first candidate).
+    route: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,38 @@ def drafter_stop_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> lis
     return arms
 
 
+def routable(drafter: Drafter) -> bool:
+    """Model drafters (their distribution scores the prompt); lookups are cheap arms of their own."""
+    return isinstance(drafter, LMDrafter) or getattr(drafter, "reads_target_hidden", False)
+
+
+def routed_arm(drafters: Sequence[Drafter], length: int) -> Arm | None:
+    """One arm over all model drafters, routed per query; a plain arm when there is only one."""
+    models = tuple(i for i, d in enumerate(drafters) if routable(d))
+    if not models:
+        return None
+    if len(models) == 1:
+        return _arm(drafters, models[0], length)
+    return Arm(f"{AUTO}@{length}", models[0], length, route=models)
+
+
+@LAYOUTS.register("cascade")
+def cascade_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm]:
+    """One lookup drafter (``arm_drafter``, else ``pld``, else the first lookup) at twice the draft
+    length — proposing costs nothing and, on CPU targets, verifying 8 tokens costs little more than
+    2 — the routed model arm, and no speculation. More lookup arms measured slower (NOTES.md)."""
+    lookups = [i for i, d in enumerate(drafters) if not routable(d)]
+    names = [drafters[i].name for i in lookups]
+    wanted = settings.drafter or ("pld" if "pld" in names else names[0] if names else None)
+    if wanted is not None and wanted not in names:
+        raise DraftwiseError(f"no lookup drafter {wanted!r} for the cascade layout; lookups: {', '.join(names) or 'none'}")
+    arms = []
+    if wanted is not None:
+        arms.append(Arm(f"{wanted}@{2 * settings.draft_len}", lookups[names.index(wanted)], 2 * settings.draft_len))
+    routed = routed_arm(drafters, settings.draft_len)
+    return arms + ([routed] if routed else []) + [Arm(NONE, None, 0)]
+
+
 LAYOUT_ALIASES = {"drafters*stops": "drafters×stops", "drafters-x-stops": "drafters×stops", "drafters_x_stops": "drafters×stops"}
 
 
@@ -123,6 +162,16 @@ def parse_arm(text: str, drafters: Sequence[Drafter], settings: ArmSettings) -> 
         return Arm(NONE, None, 0)
     head, plus, stop = text.partition("+")
     name, at, length_text = head.partition("@")
+    if name == AUTO and _find(drafters, AUTO) is None:
+        try:
+            length = int(length_text) if at else settings.draft_len
+        except ValueError:
+            raise DraftwiseError(f"arm {text!r}: draft length {length_text!r} is not an integer") from None
+        routed = routed_arm(drafters, length) if not plus else None
+        if routed is None or length < 1:
+            raise DraftwiseError(f"arm {text!r}: the routed arm needs a model drafter in the pool, a length ≥ 1 "
+                                 "and no stopping rule")
+        return routed
     index = _find(drafters, name)
     if index is None:
         raise DraftwiseError(f"arm {text!r}: no drafter {name!r}; drafters are: {', '.join(d.name for d in drafters)}")

@@ -67,12 +67,16 @@ class Engine:
         self.target = target
         self.drafters = list(drafters)
         self.arms = list(arms)
-        self.played = {arm.drafter for arm in self.arms}  # drafters behind some arm
+        # each arm's drafter this query (a routed arm's is picked at the start of every query)
+        self.arm_drafter: list[int | None] = [arm.drafter for arm in self.arms]
+        self.played = set(self.arm_drafter)  # drafters behind some arm
         self.policy = policy
+        # Contextual policies see, before each choice, which of these drafters have a proposal.
+        names = [d.name for d in self.drafters]
+        self.context_drafters = [names.index(n) for n in getattr(policy, "context_on", ()) if n in names]
         self.rules: list[StopRule | None] = []
         self.pending: list[PendingRound] = []
         self.pending_tokens = 0
-        self.prompt_prior_s = 0.0
         # White-box drafters read the target's final hidden states, recorded during verification.
         self.white_box = [i for i, d in enumerate(self.drafters) if getattr(d, "reads_target_hidden", False)]
         self.hidden_sent = 0  # positions of the query whose hidden states the white-box drafters have
@@ -86,19 +90,23 @@ class Engine:
         stopped_by = "max_new_tokens"
         start = time.perf_counter()
         self.policy.begin_query()
-        self.pending, self.pending_tokens, self.prompt_prior_s = [], 0, 0.0
+        self.pending, self.pending_tokens = [], 0
         # stopping rules with state (AdaEDL's threshold) start afresh each query, like the learners
         self.rules = [make_stop_rule(arm.stop, self.policy.rng) if arm.stop else None for arm in self.arms]
         for drafter in self.drafters:
             drafter.begin_query(context)
         prefill_s = self._prefill_for_white_box(context)
+        setup_start = time.perf_counter()
+        self._route(context, dctx)
         if self.policy.prompt_prior > 0 and self.policy.supports_prior:
             self._warm_start_from_prompt(context, dctx)
+        setup_s = time.perf_counter() - setup_start
         try:
             while (generated := len(context) - len(prompt)) < settings.max_new_tokens:
                 record, stop = self._round(len(records), context, generated, settings, dctx)
                 if not records:
                     record.verify_s += prefill_s  # target time spent on the prompt, split off round 1
+                    record.draft_s += setup_s  # drafters scoring the prompt (routing, prompt prior)
                 records.append(record)
                 if stop:
                     stopped_by = stop
@@ -116,14 +124,17 @@ class Engine:
 
     def _round(self, index: int, context: list[int], generated: int, settings: QuerySettings, dctx: DraftContext) -> tuple[RoundRecord, str | None]:
         clock = time.perf_counter
-        # 1. select an arm
+        # 1. select an arm (a contextual policy first learns which lookups have a proposal here)
         t0 = clock()
+        if self.context_drafters:
+            self.policy.set_context(tuple(bool(self.drafters[i].propose(context, 1, dctx).tokens)
+                                          for i in self.context_drafters))
         arm_index = self.policy.select()
         arm = self.arms[arm_index]
         t1 = clock()
         # 2. draft, leaving room for the target's own token within max_new_tokens
         budget = min(arm.draft_len, settings.max_new_tokens - generated - 1)
-        draft = self._draft(arm, self.rules[arm_index], context, budget, dctx)
+        draft = self._draft(self.arm_drafter[arm_index], arm, self.rules[arm_index], context, budget, dctx)
         t2 = clock()
         # 3. verify the whole draft (chain or tree) in one target forward
         n = len(draft.tokens)
@@ -153,7 +164,7 @@ class Engine:
         self._share_hidden(context)
         t3 = clock()
         record = RoundRecord(
-            index=index, arm=arm_index, arm_name=arm.name, max_draft=budget, drafted=n,
+            index=index, arm=arm_index, arm_name=self._arm_name(arm_index), max_draft=budget, drafted=n,
             accepted=min(verdict.accepted, len(new)), emitted=len(new), position=generated,
             accept_probs=verdict.accept_probs, draft_s=t2 - t1, verify_s=t3 - t2,
         )
@@ -172,6 +183,11 @@ class Engine:
             record.policy_s += clock() - t4
         record.policy_s += t1 - t0
         return record, stop
+
+    def _arm_name(self, arm_index: int) -> str:
+        """The arm's name; a routed arm's carries this query's drafter (``auto@4=code``)."""
+        arm = self.arms[arm_index]
+        return f"{arm.name}={self.drafters[self.arm_drafter[arm_index]].name}" if arm.route else arm.name
 
     # -- white-box drafters: the target's hidden states ------------------------------------------------
     def _prefill_for_white_box(self, prompt: list[int]) -> float:
@@ -205,40 +221,53 @@ class Engine:
         self.hidden_sent = known
 
     # -- the prompt prior --------------------------------------------------------------------------
-    def _warm_start_from_prompt(self, prompt: list[int], dctx: DraftContext) -> None:
-        """Warm-start the policy from how well each drafter predicts the prompt's own tokens.
-
-        No target call: a drafter's top-1 accuracy on the last ``PROMPT_WINDOW`` prompt tokens is
-        a cheap domain-fit signal (LM drafters prefill the prompt anyway to draft; a bank does it
-        for all of them in one batched forward). Converted into the policy's reward units.
-        """
+    def _prompt_fit(self, prompt: list[int], which: Sequence[int], dctx: DraftContext) -> dict[int, float]:
+        """Each drafter's top-1 accuracy on the last ``PROMPT_WINDOW`` prompt tokens: a cheap
+        domain-fit signal, no target call (LM drafters prefill the prompt anyway to draft; a bank
+        does it for all of them in one batched forward). Empty for a prompt too short to judge."""
         window = min(len(prompt) - 1, PROMPT_WINDOW)
         if window < 2:
-            return
-        start = time.perf_counter()
+            return {}
         targets = torch.tensor(prompt[len(prompt) - window :])
-        rates: dict[int | None, float] = {None: 0.0}
+        rates: dict[int, float] = {}
         batched: dict[int, torch.Tensor] = {}
-        for i, drafter in enumerate(self.drafters):
-            if not self._evaluated(i):
-                continue
+        for i in which:
+            drafter = self.drafters[i]
             if _scored_by_logits(drafter):
                 logits = _drafter_logits(drafter, prompt[:-1], window, batched)
                 rates[i] = float((logits.argmax(-1) == targets).float().mean())
             else:
                 guesses = self._proposals_along(drafter, prompt[: len(prompt) - window], prompt[len(prompt) - window :], dctx)
                 rates[i] = sum(g == t for g, t in zip(guesses, targets.tolist())) / window
+        return rates
+
+    def _route(self, prompt: list[int], dctx: DraftContext) -> None:
+        """Pick each routed arm's drafter for this query: the candidate that best predicts the prompt."""
+        routed = [(a, arm.route) for a, arm in enumerate(self.arms) if arm.route]
+        if routed:
+            rates = self._prompt_fit(prompt, sorted({i for _, route in routed for i in route}), dctx)
+            for a, route in routed:
+                self.arm_drafter[a] = max(route, key=lambda i: rates.get(i, 0.0))  # ties: the first
+                log.debug("arm %s drafts with %s this query", self.arms[a].name, self.drafters[self.arm_drafter[a]].name)
+        self.played = set(self.arm_drafter)
+
+    def _warm_start_from_prompt(self, prompt: list[int], dctx: DraftContext) -> None:
+        """Warm-start the policy from how well each arm's drafter predicts the prompt's own tokens
+        (see ``_prompt_fit``), converted into the policy's reward units."""
+        fit = self._prompt_fit(prompt, sorted(i for i in self.played if i is not None), dctx)
+        if not fit:
+            return
+        rates: dict[int | None, float] = {None: 0.0, **fit}
         if self.policy.full_information:
-            values = [rates[arm.drafter] for arm in self.arms]
+            values = [rates[d] for d in self.arm_drafter]
         else:
-            converted = [reward_from_acceptance(rates[arm.drafter], self.policy.reward, max(arm.draft_len, 1))
-                         for arm in self.arms]
+            converted = [reward_from_acceptance(rates[d], self.policy.reward, max(arm.draft_len, 1))
+                         for d, arm in zip(self.arm_drafter, self.arms)]
             if any(v is None for v in converted):
                 log.info("prompt prior: no acceptance model for reward %r; skipped", self.policy.reward)
                 return
             values = [float(v) for v in converted]
         self.policy.set_prior(values, self.policy.prompt_prior)
-        self.prompt_prior_s = time.perf_counter() - start
 
     # -- the evaluation phase (full-information feedback) ----------------------------------------
     def _deliver_pending(self, context: list[int], dctx: DraftContext) -> tuple[float, float]:
@@ -309,13 +338,14 @@ class Engine:
                     scores[i] = [0.0 if tok is None else m for tok, m in zip(proposed, mass)]
         offset = 0
         for item in self.pending:
-            item.record.counterfactual = [scores[arm.drafter][offset : offset + item.rows] for arm in self.arms]
+            item.record.counterfactual = [scores[d][offset : offset + item.rows] for d in self.arm_drafter]
             offset += item.rows
 
-    def _draft(self, arm: Arm, rule: StopRule | None, context: list[int], budget: int, dctx: DraftContext) -> Draft:
-        if arm.drafter is None or budget <= 0:
+    def _draft(self, drafter: int | None, arm: Arm, rule: StopRule | None, context: list[int], budget: int,
+               dctx: DraftContext) -> Draft:
+        if drafter is None or budget <= 0:
             return Draft([])
-        draft = self.drafters[arm.drafter].propose(context, budget, dctx, rule)
+        draft = self.drafters[drafter].propose(context, budget, dctx, rule)
         if draft.parents is not None:  # a tree: its depth (the accepted length) is what the budget bounds
             return fit_tree(draft, budget)
         if len(draft.tokens) > budget:  # a drafter must not exceed its budget; trim defensively

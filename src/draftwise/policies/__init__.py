@@ -4,6 +4,7 @@ Importing this package registers every built-in policy.
 """
 
 from draftwise.policies import (  # noqa: F401  (registration side effects)
+    contextual,
     exp3,
     greedy,
     halving,

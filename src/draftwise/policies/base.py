@@ -38,6 +38,9 @@ class Policy(ABC):
 
     summary: ClassVar[str] = ""  # one line for `draftwise policies`
     full_information: ClassVar[bool] = False  # ask the engine for every arm's feedback each round
+    # Contextual learners: names of drafters whose having a proposal this round is the context
+    # (the engine asks them before each ``select`` and calls ``set_context``).
+    context_on: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -126,6 +129,9 @@ class Policy(ABC):
         raise DraftwiseError(f"{type(self).__name__} has no warm-start prior")
 
     # -- decisions and feedback ------------------------------------------------------------
+    def set_context(self, key: tuple[bool, ...]) -> None:
+        """Before ``select``: which of the ``context_on`` drafters have a proposal this round."""
+
     @abstractmethod
     def select(self) -> int:
         """The arm to play this round."""

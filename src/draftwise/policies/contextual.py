@@ -1,0 +1,100 @@
+"""draftwise's own learner (the default): UCB kept per *context*, where the context is whether the
+lookup drafters have a proposal this round, on a throughput reward with a scale-free bonus.
+
+Why, from the zoo measurements (NOTES.md, "A default that beats the best single drafter"):
+
+* a lookup drafter (PLD) costs nothing to ask, and whether it matches is known *before* the
+  round: when it matches it is often the best arm; when it does not, playing it is a plain step;
+* on a CPU target, verifying one extra token costs ≈ +50 % while 2 → 8 tokens costs only ≈ +20 %,
+  so whether to draft at all matters more than how much;
+* each query has one domain, and the drafter that fits it is visible in the prompt (the engine's
+  routed arm, ``auto``).
+
+One learner per context learns "the lookup when it matches, else the routed model drafter (or
+nothing)" and corrects it where a domain disagrees (e.g. answers that copy little from the
+prompt). Its arms are the ``cascade`` layout by default. Rewards are tokens per second of the
+round, so the exploration bonus is scaled by the mean reward seen (β is in units of it), and the
+evidence is kept across queries at half weight per query (``keep``/``decay``): the arms are
+abstract ("the lookup", "the routed model drafter"), so what one query teaches carries over.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from draftwise.policies.base import register_policy
+from draftwise.policies.ucb import UCBPolicy, argmax_random_tie
+
+Context = tuple[bool, ...] | None
+
+
+@register_policy("ctx-ucb")
+class ContextualUCBPolicy(UCBPolicy):
+    """UCB1 per context (which ``on`` drafters have a proposal), bonus β × mean reward × sqrt(2 ln t / n)."""
+
+    summary = ("draftwise's default: UCB per context (does PLD match this round?) over lookup / routed model "
+               "drafter / none, throughput reward, bonus scaled to the reward, kept across queries")
+    default_arms = "cascade"
+
+    def __init__(
+        self,
+        arms: Sequence[str],
+        rng: np.random.Generator,
+        *,
+        on: str = "pld",
+        beta: float = 1.0,
+        reward: str = "throughput",
+        keep: bool = True,
+        decay: float = 0.5,
+        **common: Any,
+    ) -> None:
+        self.on = on
+        self.context_on = tuple(name for name in on.split("+") if name)
+        super().__init__(arms, rng, beta=beta, reward=reward, keep=keep, decay=decay, **common)
+
+    def reset(self) -> None:
+        super().reset()
+        self.key: Context = None
+        self.stored: dict[Context, tuple[np.ndarray, np.ndarray, float]] = {}  # the other contexts
+        self.reward_sum = 0.0
+        self.reward_count = 0.0
+
+    def _fresh(self) -> tuple[np.ndarray, np.ndarray, float]:
+        if self.prior is not None and self.prior_weight > 0:  # a new context starts from the prior
+            pulls = np.full(self.n_arms, float(self.prior_weight))
+            return pulls, self.prior_weight * np.asarray(self.prior, dtype=float), float(pulls.sum())
+        return np.zeros(self.n_arms), np.zeros(self.n_arms), 0.0
+
+    def set_context(self, key: tuple[bool, ...]) -> None:
+        if key == self.key:
+            return
+        self.stored[self.key] = (self.pulls, self.sums, self.t)
+        self.pulls, self.sums, self.t = self.stored.pop(key, None) or self._fresh()
+        self.key = key
+
+    def decay_state(self, factor: float) -> None:
+        super().decay_state(factor)
+        self.stored = {k: (p * factor, s * factor, t * factor) for k, (p, s, t) in self.stored.items()}
+        self.reward_sum *= factor
+        self.reward_count *= factor
+
+    def observe(self, arm: int, reward: float) -> None:
+        super().observe(arm, reward)
+        self.reward_sum += reward
+        self.reward_count += 1
+
+    def select(self) -> int:
+        scale = self.reward_sum / self.reward_count if self.reward_count > 0 else 1.0
+        bonus = self.beta * scale
+        log_term = 2.0 * math.log(max(self.t, 1.0))
+        index = [s / n + bonus * math.sqrt(log_term / n) if n > 0 else math.inf
+                 for s, n in zip(self.sums.tolist(), self.pulls.tolist())]
+        return argmax_random_tie(index, self.rng)
+
+    def state_dict(self) -> dict[str, Any]:
+        contexts = {str(self.key): {"pulls": self.pulls.tolist(), "sums": self.sums.tolist()}}
+        contexts.update({str(k): {"pulls": p.tolist(), "sums": s.tolist()} for k, (p, s, _) in self.stored.items()})
+        return {**super().state_dict(), "on": self.on, "contexts": contexts}

@@ -1,0 +1,129 @@
+"""The default learner: UCB per context (does PLD match?), over the cascade arms with a routed arm."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from draftwise import Generator
+from draftwise.arms import ArmSettings, build_arms
+from draftwise.drafters import build_drafters
+from draftwise.errors import DraftwiseError
+from draftwise.models import LoadOptions, load_causal_lm
+from draftwise.policies import make_policy
+from draftwise.trace import RoundRecord
+
+
+def _record(arm: int, emitted: int, seconds: float) -> RoundRecord:
+    return RoundRecord(index=0, arm=arm, arm_name="", max_draft=4, drafted=4, accepted=emitted - 1, emitted=emitted,
+                       position=0, verify_s=seconds)
+
+
+def test_each_context_learns_its_own_best_arm() -> None:
+    policy = make_policy("ctx-ucb:beta=0.1", ["pld@8", "auto@4", "none"], np.random.default_rng(0))
+    policy.begin_query()
+    # where PLD matches it yields 5 tokens a round; where it does not, it is a plain step
+    for step in range(60):
+        match = step % 2 == 0
+        policy.set_context((match,))
+        arm = policy.select()
+        tokens = {0: 5 if match else 1, 1: 3, 2: 1}[arm]
+        policy.update(arm, _record(arm, tokens, 0.01))
+    policy.set_context((True,))
+    assert policy.select() == 0
+    policy.set_context((False,))
+    assert policy.select() == 1
+    state = policy.state_dict()["contexts"]
+    assert set(state) >= {"(True,)", "(False,)"}
+
+
+def test_evidence_is_kept_across_queries_at_the_decay() -> None:
+    policy = make_policy("ctx-ucb", ["a", "b"], np.random.default_rng(0))
+    policy.begin_query()
+    for context in ((True,), (False,)):
+        policy.set_context(context)
+        policy.update(0, _record(0, 2, 0.01))
+    policy.begin_query()  # keep=True, decay=0.5 by default
+    policy.set_context((False,))
+    assert policy.pulls.tolist() == [0.5, 0.0]
+    policy.set_context((True,))
+    assert policy.pulls.tolist() == [0.5, 0.0]
+    fresh = make_policy("ctx-ucb:keep=false", ["a", "b"], np.random.default_rng(0))
+    fresh.begin_query()
+    fresh.set_context((True,))
+    fresh.update(1, _record(1, 2, 0.01))
+    fresh.begin_query()
+    fresh.set_context((True,))
+    assert fresh.pulls.tolist() == [0.0, 0.0]
+
+
+def test_bonus_is_in_units_of_the_mean_reward() -> None:
+    """Throughput is in tokens/s: the same choices whatever the time unit."""
+    picks = []
+    for seconds in (0.01, 10.0):
+        policy = make_policy("ctx-ucb", ["a", "b", "c"], np.random.default_rng(0))
+        policy.begin_query()
+        chosen = []
+        for step in range(40):
+            arm = policy.select()
+            chosen.append(arm)
+            policy.update(arm, _record(arm, [2, 3, 1][arm] + step % 2, seconds))
+        picks.append(chosen)
+    assert picks[0] == picks[1]
+
+
+@pytest.fixture(scope="module")
+def pool(tiny_models):
+    options = LoadOptions()
+    model, tokenizer = load_causal_lm(str(tiny_models["llama-target"]), options)
+    specs = ["pld", "suffix", str(tiny_models["llama-small"]), str(tiny_models["llama-twin"])]
+    return model, tokenizer, lambda: build_drafters(specs, model, tokenizer, options)
+
+
+def test_cascade_layout_and_the_routed_arm_parse(pool) -> None:
+    model, tokenizer, make = pool
+    drafters = make()
+    arms = build_arms("cascade", drafters, ArmSettings(draft_len=3))
+    assert [a.name for a in arms] == ["pld@6", "auto@3", "none"]
+    assert arms[1].route == (2, 3)
+    assert [a.name for a in build_arms("cascade", drafters, ArmSettings(drafter="suffix"))][0] == "suffix@8"
+    explicit = build_arms("auto@5,pld@2,none", drafters, ArmSettings())
+    assert explicit[0].route == (2, 3) and explicit[0].draft_len == 5
+    with pytest.raises(DraftwiseError, match="cascade"):
+        build_arms("cascade", drafters, ArmSettings(drafter="nope"))
+    with pytest.raises(DraftwiseError, match="routed arm"):
+        build_arms("auto@4", drafters[:2], ArmSettings())
+
+
+def test_routed_arm_drafts_with_the_drafter_that_predicts_the_prompt(pool) -> None:
+    model, tokenizer, make = pool
+    seed_prompt = [5, 9, 13]
+    written = Generator(model, tokenizer, [], policy="fixed:0").generate(seed_prompt, max_new_tokens=40, ignore_eos=True)
+    gen = Generator(model, tokenizer, make(), policy="ctx-ucb")  # the default arms: cascade
+    assert [a.name for a in gen.arms] == ["pld@8", "auto@4", "none"]
+    result = gen.generate(seed_prompt + written.token_ids, max_new_tokens=30, ignore_eos=True)
+    routed = {r.arm_name for r in result.trace if r.arm_name.startswith("auto")}
+    assert routed == {"auto@4=llama-twin"}  # the target's twin predicts a prompt the target wrote
+
+
+def test_engine_tells_the_policy_whether_pld_matches(pool, monkeypatch) -> None:
+    from draftwise.policies.contextual import ContextualUCBPolicy
+
+    seen = []
+    original = ContextualUCBPolicy.set_context
+
+    def spy(self, key):
+        seen.append(key)
+        return original(self, key)
+
+    monkeypatch.setattr(ContextualUCBPolicy, "set_context", spy)
+    model, tokenizer, make = pool
+    gen = Generator(model, tokenizer, make(), policy="ctx-ucb")
+    novel = list(range(2, 20))  # no repeated n-gram at first: PLD has nothing to propose
+    result = gen.generate(novel, max_new_tokens=40, ignore_eos=True)
+    assert len(seen) == result.stats.rounds
+    assert seen[0] == (False,)
+    no_pld = Generator(model, tokenizer, [d for d in make() if d.name != "pld"], policy="ctx-ucb")
+    seen.clear()
+    no_pld.generate(novel, max_new_tokens=10, ignore_eos=True)
+    assert seen == []  # no PLD in the pool: one context
