@@ -130,6 +130,7 @@ class LlamaBank:
         self.capacity = 0
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+        self.cos = self.sin = torch.empty(0)  # rotary tables for positions < capacity
         self._grow(256)
         self.tokens: list[list[int]] = [[] for _ in range(self.count)]  # per drafter: tokens in its slot
         self.views: list[Any] = [None] * self.count  # the BankLM of each slot (to resolve pending draft trees)
@@ -144,16 +145,15 @@ class LlamaBank:
         for old, new in zip(self.keys + self.values, keys + values):
             new[:, :, : self.capacity] = old
         self.keys, self.values, self.capacity = keys, values, capacity
-
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = torch.outer(positions, self.inv_freq)
+        # rotary tables computed once per capacity, not per forward (a drafted token is ~60 small ops)
+        freqs = torch.outer(torch.arange(capacity, dtype=torch.float32), self.inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        self.cos, self.sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
     @staticmethod
     def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        x32 = x.float()
-        return weight[:, None, :] * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
+        return weight[:, None, :] * normed.to(x.dtype)
 
     @torch.inference_mode()
     def forward(self, which: slice, ids: list[int], start: int, n_out: int, positions: list[int] | None = None,
@@ -168,8 +168,11 @@ class LlamaBank:
         index = torch.tensor(ids, dtype=torch.long, device=self.device)
         x = self.embed[which][:, index]  # (B, T, H)
         batch = x.shape[0]
-        where = torch.arange(start, start + length) if positions is None else torch.tensor(positions)
-        cos, sin = self._rope(where.float())  # (T, hd)
+        if positions is None:
+            cos, sin = self.cos[start : start + length], self.sin[start : start + length]  # (T, hd)
+        else:
+            where = torch.tensor(positions)
+            cos, sin = self.cos[where], self.sin[where]
         nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
         mask = allowed
         if mask is None and length > 1:  # position i sees the cache and new positions ≤ i

@@ -45,7 +45,7 @@ class ContextualUCBPolicy(UCBPolicy):
         rng: np.random.Generator,
         *,
         on: str = "pld",
-        beta: float = 1.0,
+        beta: float = 0.5,
         reward: str = "throughput",
         keep: bool = True,
         decay: float = 0.5,
