@@ -1,4 +1,4 @@
-"""Chain vs tree drafts of the same LM drafter: MAT and tokens/s, same prompts, one process.
+"""Chain vs tree drafts of one drafter (LM or white-box head): MAT, tokens/s, speedup; one process.
 
 Each configuration is the same drafter model with different draft shapes (``chain`` and draft
 trees, ``draftwise.drafters.lm.TreeOptions``), played with ``fixed:0`` so only the shape differs.
@@ -7,6 +7,14 @@ query per configuration is excluded. Greedy by default; outputs are cross-checke
 
 Without --target/--drafter: tiny random models (a Llama target and a noisy copy of it as the
 drafter, so acceptance is neither 0 nor 1). With the zoo: --target zoo:target --drafter zoo:NAME.
+``--spec`` (repeatable) compares other drafters in the same process, white-box heads included: a
+drafter spec without tree options, the shapes are appended (``--spec eagle:head=zoo:eagle-code``).
+``--build DIR --domains code,sql`` takes the zoo build's held-out dev prompts instead of random
+ones. A ``plain`` configuration (the target alone) is timed beside them: each configuration's
+``speedup`` is its tokens/s over plain decoding's, measured in the same process.
+
+    python benchmarks/tree_vs_chain.py --target zoo:target --build /work/zoo_build/full --domains code,sql \
+        --spec lm:model=zoo:generalist --spec eagle:head=zoo:eagle-generalist --prompts 4
 
 Defaults (one comment each):
 """
@@ -56,10 +64,37 @@ def drafter_spec(path: str, shape: str) -> str:
     return f"lm:model={path},name=d" if shape == "chain" else f"lm:model={path},name=d,tree={shape}"
 
 
+def spec_with_shape(spec: str, shape: str) -> str:
+    """A ``--spec`` drafter with one draft shape appended (the name is fixed: ``d``)."""
+    return f"{spec},name=d" if shape == "chain" else f"{spec},name=d,tree={shape}"
+
+
+def spec_label(spec: str) -> str:
+    """``eagle:head=zoo:eagle-code`` → ``eagle-code``; ``lm:model=zoo:generalist`` → ``generalist``."""
+    value = spec.split("=", 1)[1] if "=" in spec else spec
+    value = value.split(",", 1)[0]
+    return value.split(":", 1)[1] if value.startswith("zoo:") else Path(value).name
+
+
+def dev_prompts(build: Path, domains: list[str], per_domain: int, tokenizer) -> list[list[int]]:
+    """The first ``per_domain`` dev prompts of each domain, interleaved domain by domain."""
+    from draftwise.zoo.corpus import read_split
+    from draftwise.zoo.tokenizer import encode_prompts
+
+    by_domain = [encode_prompts(tokenizer, read_split(build / "corpus" / "dev" / f"{d}.jsonl")[:per_domain])
+                 for d in domains]
+    return [p for group in zip(*by_domain) for p in group]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", help="target model (path, hub id, zoo:target); default: tiny random")
     parser.add_argument("--drafter", help="drafter model (path, zoo:NAME); default: a noisy copy of the target")
+    parser.add_argument("--spec", action="append", default=[],
+                        help="a drafter spec without tree options, e.g. eagle:head=zoo:eagle-code (repeatable; "
+                             "replaces --drafter)")
+    parser.add_argument("--build", help="zoo build folder: use its dev prompts (with --domains) instead of random ones")
+    parser.add_argument("--domains", default="code,sql", help="with --build: the domains whose dev prompts to use")
     parser.add_argument("--shapes", nargs="+", default=SHAPES, help="'chain' or tree options, e.g. dynamic,topk=4,budget=16")
     parser.add_argument("--prompts", type=int, default=PROMPTS)
     parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW)
@@ -83,39 +118,52 @@ def main() -> None:
         target_path, drafter_path = args.target, args.drafter or args.target
     options = LoadOptions()
     model, tokenizer = load_causal_lm(target_path, options)
-    gens = {}
-    for shape in args.shapes:  # one target model, one drafter model per configuration
-        pool = build_drafters([drafter_spec(drafter_path, shape)], model, tokenizer, options)
-        gens[shape] = Generator(model, tokenizer, pool, policy="fixed:0", draft_len=args.draft_len)
-    vocab = gens[args.shapes[0]].target.vocab_size
-    rng = random.Random(0)
-    prompts = [[rng.randrange(vocab) for _ in range(PROMPT_LEN)] for _ in range(args.prompts + 1)]
-    rows: dict[str, dict[str, list[float]]] = {s: {"tokens": [], "rounds": [], "wall": [], "drafted": []} for s in args.shapes}
-    outputs: dict[str, list[list[int]]] = {s: [] for s in args.shapes}
+    gens = {"plain": Generator(model, tokenizer, [], policy="ucb")}  # the target alone: the speedup's base
+    for spec in args.spec or [None]:
+        for shape in args.shapes:  # one target model, one drafter model per configuration
+            full = drafter_spec(drafter_path, shape) if spec is None else spec_with_shape(spec, shape)
+            pool = build_drafters([full], model, tokenizer, options)
+            key = shape if len(args.spec) < 2 else f"{spec_label(spec)} {shape}"
+            gens[key] = Generator(model, tokenizer, pool, policy="fixed:0", draft_len=args.draft_len)
+    if args.build:
+        domains = args.domains.split(",")
+        per_domain = -(-(args.prompts + 1) // len(domains))  # + 1: the warm-up query
+        prompts = dev_prompts(Path(args.build), domains, per_domain, tokenizer)[: args.prompts + 1]
+    else:
+        vocab = gens["plain"].target.vocab_size
+        rng = random.Random(0)
+        prompts = [[rng.randrange(vocab) for _ in range(PROMPT_LEN)] for _ in range(args.prompts + 1)]
+    rows: dict[str, dict[str, list[float]]] = {k: {"tokens": [], "rounds": [], "wall": [], "drafted": []} for k in gens}
+    outputs: dict[str, list[list[int]]] = {k: [] for k in gens}
     for q, prompt in enumerate(prompts):
-        for shape, gen in gens.items():
+        for key, gen in gens.items():
             start = time.perf_counter()
             result = gen.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   seed=q, ignore_eos=True)
             wall = time.perf_counter() - start
             if q == 0:
                 continue  # warm-up
-            row = rows[shape]
+            row = rows[key]
             row["tokens"].append(result.stats.new_tokens)
             row["rounds"].append(result.stats.rounds)
             row["wall"].append(wall)
             row["drafted"].append(result.stats.drafted)
-            outputs[shape].append(result.token_ids)
+            outputs[key].append(result.token_ids)
     figures = {}
-    for shape, row in rows.items():
-        figures[shape] = {
+    plain_rate = sum(rows["plain"]["tokens"]) / sum(rows["plain"]["wall"])
+    for key, row in rows.items():
+        rate = sum(row["tokens"]) / sum(row["wall"])
+        figures[key] = {
             "mat": sum(row["tokens"]) / sum(row["rounds"]),
-            "tokens_per_s": sum(row["tokens"]) / sum(row["wall"]),
+            "tokens_per_s": rate,
+            "speedup": rate / plain_rate,
             "nodes_per_round": sum(row["drafted"]) / sum(row["rounds"]),
             "median_query_s": statistics.median(row["wall"]),
         }
     same = len({json.dumps(o) for o in outputs.values()}) == 1
-    report = {"target": target_path if args.target else "random 2x128", "drafter": args.drafter or "noisy copy",
+    drafter = args.spec if args.spec else (args.drafter or "noisy copy")
+    report = {"target": target_path if args.target else "random 2x128", "drafter": drafter,
+              "prompts_from": f"{args.build} dev: {args.domains}" if args.build else f"random, {PROMPT_LEN} tokens",
               "draft_len": args.draft_len, "max_new_tokens": args.max_new_tokens, "prompts": args.prompts,
               "temperature": args.temperature, "threads": args.threads, "outputs_equal": same, "shapes": figures}
     print(json.dumps(report, indent=2))
