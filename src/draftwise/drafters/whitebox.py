@@ -28,6 +28,7 @@ from torch import nn
 from draftwise.drafters.base import Drafter
 from draftwise.drafters.lm import TreeOptions, counterfactual_acceptance
 from draftwise.errors import DraftwiseError
+from draftwise.fastlm import resolve_head_dtype
 from draftwise.models import RowBuffer
 from draftwise.verify import Sampling
 
@@ -190,6 +191,12 @@ class WhiteBoxDrafter(Drafter):
         self.tree = tree or TreeOptions()
         self.embed = target.get_input_embeddings()  # shared with the target, never trained here
         self.lm_head = target.get_output_embeddings()
+        # A copy of the LM head in bfloat16 where the CPU multiplies it natively: it is read for
+        # every drafted token, and in float32 it is most of a draft's cost (see draftwise.fastlm).
+        weight = self.lm_head.weight
+        self.head_dtype = resolve_head_dtype(None, weight.dtype)
+        plain = self.head_dtype == weight.dtype or getattr(self.lm_head, "bias", None) is not None
+        self.head_weight = None if plain else weight.detach().to(self.head_dtype)
         self.vocab_size = config.vocab_size
         self.seen = RowBuffer()
         self.seen_tokens: list[int] = []
@@ -219,7 +226,9 @@ class WhiteBoxDrafter(Drafter):
 
     def head_logits(self, features: torch.Tensor) -> torch.Tensor:
         """The target's own LM head on predicted features, float32 (…, V)."""
-        return self.lm_head(features).float()
+        if self.head_weight is None:
+            return self.lm_head(features).float()
+        return torch.nn.functional.linear(features.to(self.head_dtype), self.head_weight).float()
 
     def acceptance_along(self, q_logits: torch.Tensor, choice: torch.Tensor, target_probs: torch.Tensor | None,
                          sampling: Sampling) -> list[float]:
