@@ -56,3 +56,28 @@ def test_suffix_drafter_drafts_the_same_with_and_without_the_match_bound() -> No
             tokens += [rng.randrange(8) for _ in range(rng.randint(1, 3))]
         for drafter in (fast, slow):
             drafter.end_query(tokens, len(prompt))
+
+
+def test_fast_first_tokens_along_equal_proposing_at_every_position() -> None:
+    """The evaluation phase's shortcut for lookups gives what propose(…, 1) gives, store included."""
+    from draftwise.drafters.base import DraftContext, Drafter
+    from draftwise.drafters.prompt_lookup import PromptLookupDrafter
+    from draftwise.drafters.suffix import SuffixDrafter
+    from draftwise.verify import Sampling
+
+    rng = random.Random(3)
+    ctx = DraftContext(Sampling(), eos_ids=frozenset({0}))
+    for make in (lambda: PromptLookupDrafter(), lambda: SuffixDrafter(depth=6, min_prob=0.3)):
+        fast, slow = make(), make()
+        for query in range(5):
+            prompt = [rng.randrange(1, 7) for _ in range(12)]
+            tokens = list(prompt)
+            for drafter in (fast, slow):
+                drafter.begin_query(prompt)
+            for _ in range(30):
+                verified = [rng.randrange(0, 7) for _ in range(rng.randint(1, 4))]
+                got = fast.first_tokens_along(tokens, verified, ctx)
+                assert got == Drafter.first_tokens_along(slow, tokens, verified, ctx), (type(fast).__name__, query)
+                tokens += verified
+            for drafter in (fast, slow):
+                drafter.end_query(tokens, len(prompt))

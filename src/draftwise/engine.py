@@ -247,7 +247,7 @@ class Engine:
                 logits = _drafter_logits(drafter, prompt[:-1], window, batched)
                 rates[i] = float((logits.argmax(-1) == targets).float().mean())
             else:
-                guesses = self._proposals_along(drafter, prompt[: len(prompt) - window], prompt[len(prompt) - window :], dctx)
+                guesses = drafter.first_tokens_along(prompt[: len(prompt) - window], prompt[len(prompt) - window :], dctx)
                 rates[i] = sum(g == t for g, t in zip(guesses, targets.tolist())) / window
         return rates
 
@@ -297,7 +297,7 @@ class Engine:
         start = time.perf_counter()
         rows = len(new)
         # Deterministic drafters answer now, while their state has seen exactly this prefix.
-        proposals = {i: self._proposals_along(d, context[:before], new, dctx)
+        proposals = {i: d.first_tokens_along(context[:before], new, dctx)
                      for i, d in enumerate(self.drafters) if not _scored_by_logits(d) and self._evaluated(i)}
         self.pending.append(PendingRound(record, before, rows, logits[:rows],
                                          None if target_probs is None else target_probs[:rows], proposals))
@@ -308,16 +308,6 @@ class Engine:
         """Is this drafter behind some arm (so its counterfactual feedback is needed)?"""
         return drafter in self.played
 
-    @staticmethod
-    def _proposals_along(drafter: Drafter, context: list[int], verified: list[int], dctx: DraftContext) -> list[int | None]:
-        """What a deterministic drafter would have proposed at each verified position."""
-        out: list[int | None] = []
-        sequence = list(context)  # grown one token at a time: no copy of the context per position
-        for token in verified:
-            proposal = drafter.propose(sequence, 1, dctx).tokens
-            out.append(proposal[0] if proposal else None)
-            sequence.append(token)
-        return out
 
     def _evaluate(self, context: list[int], dctx: DraftContext) -> None:
         """Fill ``counterfactual`` of every pending round: arm i's acceptance probability at each

@@ -28,20 +28,27 @@ def register(subparsers: Any) -> None:
                    help="a drafter (repeatable): model path or hub id, zoo:NAME, zoo:all, pld, suffix, with options "
                    "such as pld:max_ngram=4 (default with the zoo target: zoo:all, pld, suffix; else none)")
     p.add_argument("--policy", default=None, help="drafter-selection policy, e.g. ucb, ucb:beta=0.1, fixed:pld, "
-                   "round-robin, random; 'draftwise policies' lists them (default: the library's default)")
+                   "round-robin, random; 'draftwise policies' lists them (default: ctx-ucb, UCB per 'does PLD match?' "
+                   "context over PLD, a routed model drafter and no speculation)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
     p.add_argument("--draft-len", type=int, default=None, help="draft tokens per round (default 4, or the preset's)")
-    p.add_argument("--arms", default=None, help="what the policy chooses among: drafters (default), lengths, stops, "
-                   "drafters×stops, or a list such as code@6+svip,pld@3,none (DRAFTER[@LEN][+RULE])")
+    p.add_argument("--arms", default=None, help="what the policy chooses among: drafters, lengths, stops, drafters×stops, "
+                   "cascade, or a list such as code@6+svip,pld@3,auto@4,none (DRAFTER[@LEN][+RULE]; auto = the "
+                   "model drafter that best predicts the prompt). Default: the policy's own (cascade for ctx-ucb, "
+                   "else drafters)")
     p.add_argument("--max-draft", type=int, default=None,
                    help="draft budget under dynamic stopping rules (default 16, or the preset's)")
     p.add_argument("--stops", default=None, help="stopping rules of the stops layouts, comma-separated "
                    "(default: static,max-confidence,svip,adaedl,svip-difference,logit-margin)")
-    p.add_argument("--arm-drafter", default=None, help="the drafter of the lengths / stops layouts (default: the first)")
+    p.add_argument("--arm-drafter", default=None, help="the drafter of the lengths / stops layouts (default: the first), or the "
+                   "lookup of the cascade layout (default: pld)")
+    p.add_argument("--drafter-head-dtype", choices=("auto", "float32", "bfloat16"), default=None,
+                   help="LM head of small drafters and white-box heads: auto (default) = bfloat16 where the CPU "
+                   "multiplies it natively, else float32; outputs are unaffected (the target decides every token)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop once this text appears (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     p.add_argument("--truncate", action="store_true", help="keep the last tokens of a prompt too long for the context")
@@ -74,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     drafters = args.drafter if args.drafter is not None else (list(DEFAULT_POOL) if target == DEFAULT_TARGET else [])
     gen = Generator.from_pretrained(
         target, drafters, policy=args.policy or DEFAULT_POLICY, draft_len=args.draft_len,
-        device=args.device, dtype=args.dtype, seed=args.seed, chat=args.chat, arms=args.arms,
+        device=args.device, dtype=args.dtype, seed=args.seed, chat=args.chat, arms=args.arms, drafter_head_dtype=args.drafter_head_dtype,
         max_draft=args.max_draft, stops=args.stops.split(",") if args.stops else None, arm_drafter=args.arm_drafter,
     )
     result = gen.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,

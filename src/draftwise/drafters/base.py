@@ -74,6 +74,18 @@ class Drafter(ABC):
         without a distribution to judge ignore it.
         """
 
+    def first_tokens_along(self, context: Sequence[int], verified: Sequence[int], ctx: DraftContext) -> list[int | None]:
+        """What this (deterministic) drafter would have proposed first at each verified position:
+        after ``context``, after ``context + verified[:1]``, … (the evaluation phase's counterfactual).
+        Its state moves forward over ``verified`` as it would by drafting there."""
+        out: list[int | None] = []
+        sequence = list(context)  # grown one token at a time: no copy of the context per position
+        for token in verified:
+            proposal = self.propose(sequence, 1, ctx).tokens
+            out.append(proposal[0] if proposal else None)
+            sequence.append(token)
+        return out
+
     def describe(self) -> dict[str, Any]:
         """Name, kind and options, for result files."""
         return {"name": self.name, "kind": type(self).__name__}

@@ -69,6 +69,16 @@ class PromptLookupDrafter(Drafter):
             return Draft([])
         return Draft(_cut_at_eos(list(context[start : start + max_len]), ctx.eos_ids))
 
+    def first_tokens_along(self, context: Sequence[int], verified: Sequence[int], ctx: DraftContext) -> list[int | None]:
+        """``propose(…, 1)`` at each verified position, without building drafts."""
+        sequence = list(context)
+        out: list[int | None] = []
+        for token in verified:
+            start = self.index.lookup(sequence)
+            out.append(None if start is None else sequence[start])
+            sequence.append(token)
+        return out
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "max_ngram": self.max_ngram}
 

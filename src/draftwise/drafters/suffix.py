@@ -112,6 +112,16 @@ def greedy_continuation(node: TrieNode, max_len: int, min_prob: float) -> list[i
     return tokens
 
 
+def first_continuation(node: TrieNode, min_prob: float) -> int | None:
+    """``greedy_continuation(node, 1, min_prob)``'s token, or None."""
+    if not node.children:
+        return None
+    token, child = max(node.children.items(), key=lambda item: item[1].count)
+    if child.count / sum(c.count for c in node.children.values()) < min_prob:  # as greedy_continuation
+        return None
+    return token
+
+
 def branching_continuations(node: TrieNode, max_len: int, min_prob: float, branches: int,
                             eos_ids: frozenset[int]) -> tuple[list[int], list[int]]:
     """Up to ``branches`` continuations as a tree (point masses): each of the most frequent next
@@ -208,6 +218,31 @@ class SuffixDrafter(Drafter):
             if token in ctx.eos_ids:
                 return Draft(tokens[: i + 1])
         return Draft(tokens)
+
+    def first_tokens_along(self, context: Sequence[int], verified: Sequence[int], ctx: DraftContext) -> list[int | None]:
+        """``propose(…, 1)`` at each verified position, without building drafts: the most frequent
+        child of the deepest matching node (local trie, else the earlier responses' trie)."""
+        if self.branches > 1:
+            return super().first_tokens_along(context, verified, ctx)
+        if len(context) < self.seen:
+            self.begin_query(context)
+        sequence = list(context)
+        self.local.extend(sequence[self.seen :])
+        out: list[int | None] = []
+        for token in verified:
+            node, length = self.local.stream_match(self.depth - 1)
+            if self.global_trie.root.children:
+                seen, previous = self.global_match
+                upper = previous + len(sequence) - seen if seen <= len(sequence) else None
+                other, other_length = self.global_trie.match(sequence, self.depth - 1, upper)
+                self.global_match = (len(sequence), other_length)
+                if other_length > length:
+                    node = other
+            out.append(None if node is None else first_continuation(node, self.min_prob))
+            sequence.append(token)
+            self.local.extend((token,))
+        self.seen = len(sequence)
+        return out
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "depth": self.depth, "factor": self.factor,
