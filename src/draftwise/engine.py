@@ -50,7 +50,7 @@ class PendingRound:
     record: RoundRecord
     start: int  # context length before the round's verified tokens
     rows: int  # verified tokens of the round
-    logits: torch.Tensor  # (rows, V) the target's logits at those positions
+    choice: torch.Tensor  # (rows,) the target's argmax at those positions
     probs: torch.Tensor | None  # (rows, V) the warped target distribution (sampling)
     proposals: dict[int, list[int | None]]  # deterministic drafters' proposals at each position
 
@@ -299,7 +299,7 @@ class Engine:
         # Deterministic drafters answer now, while their state has seen exactly this prefix.
         proposals = {i: d.first_tokens_along(context[:before], new, dctx)
                      for i, d in enumerate(self.drafters) if not _scored_by_logits(d) and self._evaluated(i)}
-        self.pending.append(PendingRound(record, before, rows, logits[:rows],
+        self.pending.append(PendingRound(record, before, rows, logits[:rows].argmax(-1),
                                          None if target_probs is None else target_probs[:rows], proposals))
         self.pending_tokens += rows
         record.eval_s += time.perf_counter() - start
@@ -311,14 +311,13 @@ class Engine:
 
     def _evaluate(self, context: list[int], dctx: DraftContext) -> None:
         """Fill ``counterfactual`` of every pending round: arm i's acceptance probability at each
-        verified position. The target's distribution there is a row of that round's verification
-        logits, so no extra target forward is needed; each LM drafter catches up on all pending
+        verified position. The target's distribution there came with that round's verification
+        (its argmax, and its warped probabilities when sampling), so no extra target forward is needed; each LM drafter catches up on all pending
         tokens in one short prefill; arms sharing a drafter share one computation."""
         first, total = self.pending[0].start, self.pending_tokens
-        logits = torch.cat([p.logits for p in self.pending])  # (total, V)
+        choice = torch.cat([p.choice for p in self.pending])  # (total,) the target's argmax
         greedy = self.pending[0].probs is None
         probs = None if greedy else torch.cat([p.probs for p in self.pending])
-        choice = logits.argmax(-1)
         chosen = choice.tolist()  # Python ints: per-position tensor indexing costs µs each
         scores: dict[int | None, list[float]] = {None: [0.0] * total}
         batched: dict[int, torch.Tensor] = {}  # per drafter bank: every member's logits in one forward
