@@ -138,9 +138,9 @@ class Engine:
                                           for i in self.context_drafters))
         arm_index = self.policy.select()
         arm = self.arms[arm_index]
-        if arm_index in self.unrouted:  # routed when first played: queries that never play it never pay
-            self._route(context[: len(context) - generated], [arm_index], dctx)
         t1 = clock()
+        if arm_index in self.unrouted:  # routed when first played (drafters' work: counted as drafting)
+            self._route(context[: len(context) - generated], [arm_index], dctx)
         # 2. draft, leaving room for the target's own token within max_new_tokens
         budget = min(arm.draft_len, settings.max_new_tokens - generated - 1)
         draft = self._draft(self.arm_drafter[arm_index], arm, self.rules[arm_index], context, budget, dctx)
