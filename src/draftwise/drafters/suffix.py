@@ -199,14 +199,7 @@ class SuffixDrafter(Drafter):
         self.seen = len(context)
         if max_len <= 0:
             return Draft([])
-        node, length = self.local.stream_match(self.depth - 1)
-        if self.global_trie.root.children:  # earlier responses: their trie must be walked
-            seen, previous = self.global_match
-            upper = previous + len(context) - seen if seen <= len(context) else None
-            other, other_length = self.global_trie.match(context, self.depth - 1, upper)
-            self.global_match = (len(context), other_length)
-            if other_length > length:
-                node, length = other, other_length
+        node, length = self._match(context)
         if node is None:
             return Draft([])
         limit = min(max_len, max(1, int(self.factor * length)))
@@ -219,6 +212,19 @@ class SuffixDrafter(Drafter):
                 return Draft(tokens[: i + 1])
         return Draft(tokens)
 
+    def _match(self, context: Sequence[int]) -> tuple[TrieNode | None, int]:
+        """The deepest node with a continuation for a suffix of ``context`` (the local trie follows
+        ``context``), in this query's trie or the earlier responses' one, and its length."""
+        node, length = self.local.stream_match(self.depth - 1)
+        if self.global_trie.root.children:  # earlier responses: their trie must be walked
+            seen, previous = self.global_match
+            upper = previous + len(context) - seen if seen <= len(context) else None
+            other, other_length = self.global_trie.match(context, self.depth - 1, upper)
+            self.global_match = (len(context), other_length)
+            if other_length > length:
+                node, length = other, other_length
+        return node, length
+
     def first_tokens_along(self, context: Sequence[int], verified: Sequence[int], ctx: DraftContext) -> list[int | None]:
         """``propose(…, 1)`` at each verified position, without building drafts: the most frequent
         child of the deepest matching node (local trie, else the earlier responses' trie)."""
@@ -230,14 +236,7 @@ class SuffixDrafter(Drafter):
         self.local.extend(sequence[self.seen :])
         out: list[int | None] = []
         for token in verified:
-            node, length = self.local.stream_match(self.depth - 1)
-            if self.global_trie.root.children:
-                seen, previous = self.global_match
-                upper = previous + len(sequence) - seen if seen <= len(sequence) else None
-                other, other_length = self.global_trie.match(sequence, self.depth - 1, upper)
-                self.global_match = (len(sequence), other_length)
-                if other_length > length:
-                    node = other
+            node, _ = self._match(sequence)
             out.append(None if node is None else first_continuation(node, self.min_prob))
             sequence.append(token)
             self.local.extend((token,))
