@@ -127,3 +127,23 @@ def test_engine_tells_the_policy_whether_pld_matches(pool, monkeypatch) -> None:
     seen.clear()
     no_pld.generate(novel, max_new_tokens=10, ignore_eos=True)
     assert seen == []  # no PLD in the pool: one context
+
+
+def test_routed_arm_under_full_information_is_routed_before_round_one(pool, tiny_models) -> None:
+    """Full-information learners score every arm from round 1, so the routed arm is picked up front;
+    its counterfactual is its drafter's, and the output stays the target's own."""
+    from transformers import AutoModelForCausalLM
+
+    from test_lossless_greedy import _reference
+
+    model, tokenizer, make = pool
+    seed_prompt = [5, 9, 13]
+    written = Generator(model, tokenizer, [], policy="fixed:0").generate(seed_prompt, max_new_tokens=30, ignore_eos=True)
+    prompt = seed_prompt + written.token_ids
+    gen = Generator(model, tokenizer, make(), policy="normalhedge", arms="auto@4,pld@4")
+    result = gen.generate(prompt, max_new_tokens=24, ignore_eos=True)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_models["llama-target"]).eval()
+    assert result.token_ids == _reference(reference, prompt, 24, None)
+    assert gen.engine.arm_drafter[0] == 3  # llama-twin, picked before the first round
+    assert all(r.arm_name in ("auto@4=llama-twin", "pld@4") for r in result.trace)
+    assert any(r.counterfactual is not None for r in result.trace)
