@@ -353,8 +353,15 @@ def cpu_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
+    import torch
+
+    from draftwise.fastlm import resolve_head_dtype
+
+    # the lean drafters' LM-head dtype for float32 models follows the CPU ("auto"): results depend on it
+    head = str(resolve_head_dtype(None, torch.float32)).replace("torch.", "")
     return {"model": model, "count": os.cpu_count(), "machine": platform.machine(), "system": platform.platform(),
-            "python": platform.python_version()}
+            "python": platform.python_version(), "torch_capability": torch.backends.cpu.get_cpu_capability(),
+            "drafter_head_dtype": head}
 
 
 def environment(config: Any, methods: Sequence[str], prompts: Sequence[Any], router: dict[str, Any] | None,
