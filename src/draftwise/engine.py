@@ -50,7 +50,7 @@ class PendingRound:
     record: RoundRecord
     start: int  # context length before the round's verified tokens
     rows: int  # verified tokens of the round
-    choice: torch.Tensor  # (rows,) the target's argmax at those positions
+    choice: list[int]  # the target's argmax at those positions
     probs: torch.Tensor | None  # (rows, V) the warped target distribution (sampling)
     proposals: dict[int, list[int | None]]  # deterministic drafters' proposals at each position
 
@@ -299,7 +299,9 @@ class Engine:
         # Deterministic drafters answer now, while their state has seen exactly this prefix.
         proposals = {i: d.first_tokens_along(context[:before], new, dctx)
                      for i, d in enumerate(self.drafters) if not _scored_by_logits(d) and self._evaluated(i)}
-        self.pending.append(PendingRound(record, before, rows, logits[:rows].argmax(-1),
+        # Under greedy decoding the verified tokens *are* the target's argmax at their positions.
+        choice = list(new) if target_probs is None else logits[:rows].argmax(-1).tolist()
+        self.pending.append(PendingRound(record, before, rows, choice,
                                          None if target_probs is None else target_probs[:rows], proposals))
         self.pending_tokens += rows
         record.eval_s += time.perf_counter() - start
@@ -315,10 +317,9 @@ class Engine:
         (its argmax, and its warped probabilities when sampling), so no extra target forward is needed; each LM drafter catches up on all pending
         tokens in one short prefill; arms sharing a drafter share one computation."""
         first, total = self.pending[0].start, self.pending_tokens
-        choice = torch.cat([p.choice for p in self.pending])  # (total,) the target's argmax
+        chosen = [c for p in self.pending for c in p.choice]  # the target's argmax, as Python ints
         greedy = self.pending[0].probs is None
         probs = None if greedy else torch.cat([p.probs for p in self.pending])
-        chosen = choice.tolist()  # Python ints: per-position tensor indexing costs µs each
         scores: dict[int | None, list[float]] = {None: [0.0] * total}
         batched: dict[int, torch.Tensor] = {}  # per drafter bank: every member's logits in one forward
         prefix = context[: first + total - 1]
@@ -327,6 +328,7 @@ class Engine:
                 continue
             if _scored_by_logits(drafter):  # LM and white-box drafters: one short forward over the pending tokens
                 q_logits = _drafter_logits(drafter, prefix, total, batched)  # (total, V)
+                choice = torch.tensor(chosen, device=q_logits.device)
                 scores[i] = drafter.acceptance_along(q_logits, choice, probs, dctx.sampling)  # chain or tree
             else:
                 proposed = [tok for p in self.pending for tok in p.proposals[i]]
