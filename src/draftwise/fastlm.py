@@ -127,6 +127,7 @@ class LlamaBank:
         self.embed, self.head, self.final_norm, self.layers = (
             weights["embed"], weights["head"], weights["final_norm"], weights["layers"])
         self.dtype, self.device = self.embed.dtype, self.embed.device
+        self.sliced: dict[tuple[int | None, int | None], dict[str, Any]] = {}
         self.capacity = 0
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
@@ -152,8 +153,24 @@ class LlamaBank:
 
     @staticmethod
     def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if weight.shape[0] == 1 and x.dtype == torch.float32:  # one drafter: the fused op with its weight
+            return F.rms_norm(x, (x.shape[-1],), weight[0], eps)
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
         return weight[:, None, :] * normed.to(x.dtype)
+
+    def _weights(self, which: slice) -> dict[str, Any]:
+        """The weights of the drafters in ``which``, sliced once (a drafted token is ~60 small ops:
+        slicing the stacks anew on each one costs a measurable share)."""
+        key = (which.start, which.stop)
+        if key not in self.sliced:
+            head = self.head[which]
+            self.sliced[key] = {
+                "layers": [{name: w[which] for name, w in layer.items()} for layer in self.layers],
+                "final_norm": self.final_norm[which],
+                "head": head if self.head_dtype == torch.float32 else head.transpose(1, 2),
+                "embed": self.embed[which],
+            }
+        return self.sliced[key]
 
     @torch.inference_mode()
     def forward(self, which: slice, ids: list[int], start: int, n_out: int, positions: list[int] | None = None,
@@ -165,8 +182,9 @@ class LlamaBank:
         """
         length = len(ids)
         self._grow(start + length)
+        weights = self._weights(which)
         index = torch.tensor(ids, dtype=torch.long, device=self.device)
-        x = self.embed[which][:, index]  # (B, T, H)
+        x = weights["embed"][:, index]  # (B, T, H)
         batch = x.shape[0]
         if positions is None:
             cos, sin = self.cos[start : start + length], self.sin[start : start + length]  # (T, hd)
@@ -177,28 +195,24 @@ class LlamaBank:
         mask = allowed
         if mask is None and length > 1:  # position i sees the cache and new positions ≤ i
             mask = torch.ones(length, start + length, dtype=torch.bool).tril(diagonal=start)
-        for i, layer in enumerate(self.layers):
-            h = self._rms(x, layer["in_norm"][which], self.eps)
-            qkv = torch.bmm(h, layer["qkv"][which])  # (B, T, (nh + 2 nkv) hd)
-            q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-            q = q.view(batch, length, nh, hd).transpose(1, 2)
-            k = k.view(batch, length, nkv, hd).transpose(1, 2)
+        for i, layer in enumerate(weights["layers"]):
+            h = self._rms(x, layer["in_norm"], self.eps)
+            qkv = torch.bmm(h, layer["qkv"])  # (B, T, (nh + 2 nkv) hd)
+            qk, v = qkv.split([(nh + nkv) * hd, nkv * hd], dim=-1)
+            qk = _rotate(qk.view(batch, length, nh + nkv, hd).transpose(1, 2), cos, sin)  # q and k at once
+            q, k = qk.split([nh, nkv], dim=1)
             v = v.view(batch, length, nkv, hd).transpose(1, 2)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
             self.keys[i][which, :, start : start + length] = k
             self.values[i][which, :, start : start + length] = v
             keys = self.keys[i][which, :, : start + length]
             values = self.values[i][which, :, : start + length]
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=nkv != nh)
-            x = x + torch.bmm(attn.transpose(1, 2).reshape(batch, length, nh * hd), layer["o"][which])
-            h = self._rms(x, layer["post_norm"][which], self.eps)
-            gate, up = torch.bmm(h, layer["gate_up"][which]).chunk(2, dim=-1)
-            x = x + torch.bmm(F.silu(gate) * up, layer["down"][which])
-        x = self._rms(x[:, -n_out:], self.final_norm[which], self.eps)
-        head = self.head[which]
-        if self.head_dtype != torch.float32:
-            head = head.transpose(1, 2)
-        return torch.bmm(x.to(self.head_dtype), head).float()  # (B, n_out, V)
+            x = x + torch.bmm(attn.transpose(1, 2).reshape(batch, length, nh * hd), layer["o"])
+            h = self._rms(x, layer["post_norm"], self.eps)
+            gate, up = torch.bmm(h, layer["gate_up"]).chunk(2, dim=-1)
+            x = x + torch.bmm(F.silu(gate) * up, layer["down"])
+        x = self._rms(x[:, -n_out:], weights["final_norm"], self.eps)
+        return torch.bmm(x.to(self.head_dtype), weights["head"]).float()  # (B, n_out, V)
 
     def sync_all(self, tokens: Sequence[int], n_out: int) -> torch.Tensor:
         """Logits (D, n_out, V) of every drafter after ``tokens``, in one batched forward.
