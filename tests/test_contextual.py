@@ -147,3 +147,28 @@ def test_routed_arm_under_full_information_is_routed_before_round_one(pool, tiny
     assert gen.engine.arm_drafter[0] == 3  # llama-twin, picked before the first round
     assert all(r.arm_name in ("auto@4=llama-twin", "pld@4") for r in result.trace)
     assert any(r.counterfactual is not None for r in result.trace)
+
+
+def test_prompt_fit_leaves_lookups_on_the_whole_prompt(pool) -> None:
+    """Model drafters are scored on the prompt's tail only; a lookup's state must follow the whole
+    prompt, or its later drafts would come from a misaligned stream."""
+    from draftwise.drafters import DraftContext
+    from draftwise.drafters.suffix import SuffixDrafter
+    from draftwise.verify import Sampling
+
+    model, tokenizer, make = pool
+    gen = Generator(model, tokenizer, make(), policy="ucb:prompt_prior=2")
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(2, 30, 150)]  # longer than the scored tail
+    suffix = next(i for i, d in enumerate(gen.drafters) if d.name == "suffix")
+    for drafter in gen.drafters:
+        drafter.begin_query(prompt)
+    rates = gen.engine._prompt_fit(prompt, list(range(len(gen.drafters))), DraftContext(Sampling()))
+    assert set(rates) == set(range(len(gen.drafters)))
+    fresh = SuffixDrafter()
+    fresh.begin_query(prompt)
+    ctx = DraftContext(Sampling())
+    more = [int(t) for t in rng.integers(2, 30, 30)]
+    for k in range(0, 30, 3):  # drafting on from the prompt, as the rounds would
+        tokens = prompt + more[:k]
+        assert gen.drafters[suffix].propose(tokens, 6, ctx).tokens == fresh.propose(tokens, 6, ctx).tokens

@@ -237,14 +237,17 @@ class Engine:
         window = min(len(prompt) - 1, PROMPT_WINDOW)
         if window < 2:
             return {}
-        prompt = prompt[-(window + PROMPT_CONTEXT + 1) :]
         targets = torch.tensor(prompt[len(prompt) - window :])
+        # LM drafters read only the tail (their caches follow any context); white-box heads need the
+        # hidden states of the whole prompt, and lookups the whole stream (their state only grows).
+        recent = prompt[-(window + PROMPT_CONTEXT + 1) :]
         rates: dict[int, float] = {}
         batched: dict[int, torch.Tensor] = {}
         for i in which:
             drafter = self.drafters[i]
             if _scored_by_logits(drafter):
-                logits = _drafter_logits(drafter, prompt[:-1], window, batched)
+                seen = recent if isinstance(drafter, LMDrafter) else prompt
+                logits = _drafter_logits(drafter, seen[:-1], window, batched)
                 rates[i] = float((logits.argmax(-1) == targets).float().mean())
             else:
                 guesses = drafter.first_tokens_along(prompt[: len(prompt) - window], prompt[len(prompt) - window :], dctx)
