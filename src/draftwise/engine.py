@@ -313,16 +313,17 @@ class Engine:
         """Is this drafter behind some arm (so its counterfactual feedback is needed)?"""
         return drafter in self.played
 
-
     def _evaluate(self, context: list[int], dctx: DraftContext) -> None:
         """Fill ``counterfactual`` of every pending round: arm i's acceptance probability at each
-        verified position. The target's distribution there came with that round's verification
-        (its argmax, and its warped probabilities when sampling), so no extra target forward is needed; each LM drafter catches up on all pending
-        tokens in one short prefill; arms sharing a drafter share one computation."""
+        verified position. The target's distribution there came with that round's verification (its
+        argmax, and its warped probabilities when sampling), so no extra target forward is needed;
+        each LM drafter catches up on all pending tokens in one short prefill; arms sharing a drafter
+        share one computation."""
         first, total = self.pending[0].start, self.pending_tokens
         chosen = [c for p in self.pending for c in p.choice]  # the target's argmax, as Python ints
         greedy = self.pending[0].probs is None
         probs = None if greedy else torch.cat([p.probs for p in self.pending])
+        choice: torch.Tensor | None = None  # ``chosen`` as a tensor, made once if a model drafter needs it
         scores: dict[int | None, list[float]] = {None: [0.0] * total}
         batched: dict[int, torch.Tensor] = {}  # per drafter bank: every member's logits in one forward
         prefix = context[: first + total - 1]
@@ -331,7 +332,8 @@ class Engine:
                 continue
             if _scored_by_logits(drafter):  # LM and white-box drafters: one short forward over the pending tokens
                 q_logits = _drafter_logits(drafter, prefix, total, batched)  # (total, V)
-                choice = torch.tensor(chosen, device=q_logits.device)
+                if choice is None:
+                    choice = torch.tensor(chosen, device=q_logits.device)
                 scores[i] = drafter.acceptance_along(q_logits, choice, probs, dctx.sampling)  # chain or tree
             else:
                 proposed = [tok for p in self.pending for tok in p.proposals[i]]

@@ -192,11 +192,15 @@ class SuffixDrafter(Drafter):
         for response in self.store:
             self.global_trie.add_sequence(response)
 
-    def propose(self, context: Sequence[int], max_len: int, ctx: DraftContext, stop: Any = None) -> Draft:
+    def _follow(self, context: Sequence[int]) -> None:
+        """Bring this query's trie up to ``context`` (tokens only ever arrive at the end)."""
         if len(context) < self.seen:  # a context we have not followed: start over
             self.begin_query(context)
         self.local.extend(context[self.seen :])
         self.seen = len(context)
+
+    def propose(self, context: Sequence[int], max_len: int, ctx: DraftContext, stop: Any = None) -> Draft:
+        self._follow(context)
         if max_len <= 0:
             return Draft([])
         node, length = self._match(context)
@@ -230,17 +234,13 @@ class SuffixDrafter(Drafter):
         child of the deepest matching node (local trie, else the earlier responses' trie)."""
         if self.branches > 1:
             return super().first_tokens_along(context, verified, ctx)
-        if len(context) < self.seen:
-            self.begin_query(context)
         sequence = list(context)
-        self.local.extend(sequence[self.seen :])
         out: list[int | None] = []
         for token in verified:
+            self._follow(sequence)
             node, _ = self._match(sequence)
             out.append(None if node is None else first_continuation(node, self.min_prob))
             sequence.append(token)
-            self.local.extend((token,))
-        self.seen = len(sequence)
         return out
 
     def describe(self) -> dict[str, Any]:

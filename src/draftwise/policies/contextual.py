@@ -20,13 +20,12 @@ abstract ("the lookup", "the routed model drafter"), so what one query teaches c
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import numpy as np
 
 from draftwise.policies.base import register_policy
-from draftwise.policies.ucb import UCBPolicy, argmax_random_tie
+from draftwise.policies.ucb import UCBPolicy
 
 Context = tuple[bool, ...] | None
 
@@ -86,13 +85,9 @@ class ContextualUCBPolicy(UCBPolicy):
         self.reward_sum += reward
         self.reward_count += 1
 
-    def select(self) -> int:
-        scale = self.reward_sum / self.reward_count if self.reward_count > 0 else 1.0
-        bonus = self.beta * scale
-        log_term = 2.0 * math.log(max(self.t, 1.0))
-        index = [s / n + bonus * math.sqrt(log_term / n) if n > 0 else math.inf
-                 for s, n in zip(self.sums.tolist(), self.pulls.tolist())]
-        return argmax_random_tie(index, self.rng)
+    def bonus_weight(self) -> float:
+        """β in units of the mean reward seen (tokens/s have no natural scale)."""
+        return self.beta * (self.reward_sum / self.reward_count if self.reward_count > 0 else 1.0)
 
     def state_dict(self) -> dict[str, Any]:
         contexts = {str(self.key): {"pulls": self.pulls.tolist(), "sums": self.sums.tolist()}}

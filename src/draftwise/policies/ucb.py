@@ -86,10 +86,15 @@ class UCBPolicy(MeanRewardPolicy):
         self.beta = beta
         super().__init__(arms, rng, **common)
 
+    def bonus_weight(self) -> float:
+        """The weight of the exploration bonus sqrt(2 ln t / n): β, in the reward's units."""
+        return self.beta
+
     def select(self) -> int:
         # ucb_index in plain Python (see argmax_random_tie): the decode loop's hot path
         scale = 2.0 * math.log(max(self.t, 1.0))
-        index = [s / n + self.beta * math.sqrt(scale / n) if n > 0 else math.inf
+        weight = self.bonus_weight()
+        index = [s / n + weight * math.sqrt(scale / n) if n > 0 else math.inf
                  for s, n in zip(self.sums.tolist(), self.pulls.tolist())]
         return argmax_random_tie(index, self.rng)
 
