@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 # The prompt fit (routing, prompt prior) scores each drafter's top-1 on the last PROMPT_WINDOW
 # prompt tokens, seeing at most PROMPT_CONTEXT tokens before them: on the zoo dev set 48/16
-# picked the domain's specialist as often as 64/32 (42 vs 40 of 56) in less time (NOTES.md).
+# picked the domain's specialist as often as 64/32 (42 vs 40 of 56) at about the same cost, and
+# shorter windows picked it less often (benchmarks/prompt_fit.py, BENCHMARKS.md).
 PROMPT_WINDOW = 48
 PROMPT_CONTEXT = 16
 

@@ -1,0 +1,95 @@
+"""Interleaved A/B of policies and arm layouts on the zoo dev set: speedup over plain decoding.
+
+Every configuration runs on the same prompts in one process, prompt by prompt (prompt-major), so
+slow drifts of the machine hit all of them alike; outputs are checked equal to plain decoding.
+Speedup = total tokens / total time, against plain decoding (`ar`) timed in the same loop.
+
+    python benchmarks/policy_ab.py --config "pld@4=fixed|pld@4" --config ctx-ucb=ctx-ucb \
+        --config "rule=rule|pld@8,auto@4" --repeats 2 --zoo-corpus BUILD
+
+``--config LABEL=POLICY[|ARMS]``: a policy spec and, optionally, an explicit arm list. ``rule``
+is a reference policy defined here, not a learner: arm 0 when PLD has a match this round, else
+arm 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import torch
+
+THREADS = 1  # the machine's other core stays free for other work
+PER_DOMAIN = 4  # dev prompts per domain
+MAX_NEW = 128
+
+
+def register_rule_policy() -> None:
+    from draftwise.policies import register_policy
+    from draftwise.policies.contextual import ContextualUCBPolicy
+
+    @register_policy("rule")
+    class RulePolicy(ContextualUCBPolicy):
+        """Reference: arm 0 when the lookup matches this round, else arm 1 (no learning)."""
+
+        summary = "reference rule: arm 0 when PLD matches, else arm 1"
+
+        def select(self) -> int:
+            return 0 if self.key == (True,) else 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", action="append", required=True, help="LABEL=POLICY[|ARMS] (repeatable)")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--per-domain", type=int, default=PER_DOMAIN)
+    parser.add_argument("--zoo-corpus", default=None, help="zoo build folder (its dev split); default: found as bench does")
+    parser.add_argument("--threads", type=int, default=THREADS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    from draftwise import Generator
+    from draftwise.bench.datasets import find_zoo_corpus, zoo_prompts
+    from draftwise.drafters import build_drafters
+    from draftwise.models import LoadOptions, load_causal_lm
+    from draftwise.zoo import resolve_zoo_name
+
+    hf_logging.disable_progress_bar()
+    register_rule_policy()
+    options = LoadOptions()
+    model, tokenizer = load_causal_lm(resolve_zoo_name("zoo:target"), options)
+    generators = {"ar": Generator(model, tokenizer, [], policy="fixed")}
+    for item in args.config:
+        label, _, spec = item.partition("=")
+        policy, _, arms = spec.partition("|")
+        pool = build_drafters(["zoo:all", "pld", "suffix"], model, tokenizer, options)
+        generators[label] = Generator(model, tokenizer, pool, policy=policy, arms=arms or None)
+    prompts = zoo_prompts(find_zoo_corpus(args.zoo_corpus), "dev", args.per_domain, 0)
+    ids = [generators["ar"].encode(p.text) for p in prompts]
+    for gen in generators.values():  # warm-up, untimed
+        gen.generate(ids[0], max_new_tokens=16)
+    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for _ in range(args.repeats):
+        for prompt, tokens in zip(prompts, ids):
+            reference = None
+            for label, gen in generators.items():
+                start = time.perf_counter()
+                out = gen.generate(tokens, max_new_tokens=MAX_NEW)
+                elapsed = time.perf_counter() - start
+                reference = out.token_ids if reference is None else reference
+                assert out.token_ids == reference, f"{label}: output differs from plain decoding"
+                for key in ((label, "overall"), (label, prompt.domain)):
+                    totals[key][0] += elapsed
+                    totals[key][1] += len(out.token_ids)
+    domains = ["overall", *sorted({p.domain for p in prompts})]
+    print(f"{'config':28s} " + " ".join(f"{d[:7]:>7s}" for d in domains))
+    for label in generators:
+        speed = [totals[(label, d)][1] / totals[(label, d)][0] / (totals[("ar", d)][1] / totals[("ar", d)][0])
+                 for d in domains]
+        print(f"{label:28s} " + " ".join(f"{s:7.3f}" for s in speed))
+
+
+if __name__ == "__main__":
+    main()

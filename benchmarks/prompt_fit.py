@@ -1,0 +1,62 @@
+"""How often the prompt fit (each model drafter's top-1 accuracy on the prompt's last WINDOW tokens,
+seeing CONTEXT tokens before them) picks the domain's own specialist, and what it costs, for
+several (WINDOW, CONTEXT) pairs — the routed arm's choice (engine.PROMPT_WINDOW / PROMPT_CONTEXT).
+
+    python benchmarks/prompt_fit.py --zoo-corpus BUILD
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+THREADS = 1
+PER_DOMAIN = 8
+SEED = 1  # a different sample of dev prompts than the benchmark's (seed 0)
+PAIRS = ((64, 32), (48, 16), (32, 16), (32, 8), (24, 8), (16, 8))
+SPECIALIST = {"general": "generalist"}  # other domains: the drafter named like the domain
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--per-domain", type=int, default=PER_DOMAIN)
+    parser.add_argument("--zoo-corpus", default=None, help="zoo build folder (its dev split); default: found as bench does")
+    parser.add_argument("--threads", type=int, default=THREADS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    import draftwise.engine as engine
+    from draftwise import Generator
+    from draftwise.bench.datasets import find_zoo_corpus, zoo_prompts
+    from draftwise.drafters import DraftContext
+    from draftwise.verify import Sampling
+
+    hf_logging.disable_progress_bar()
+    gen = Generator.from_pretrained("zoo:target", ["zoo:all", "pld"])
+    routed = next(arm for arm in gen.arms if arm.route)
+    names = [d.name for d in gen.drafters]
+    prompts = zoo_prompts(find_zoo_corpus(args.zoo_corpus), "dev", args.per_domain, SEED)
+    ids = [gen.encode(p.text) for p in prompts]
+    ctx = DraftContext(Sampling())
+    gen.engine._prompt_fit(ids[0], list(routed.route), ctx)  # warm-up
+    for window, context in PAIRS:
+        engine.PROMPT_WINDOW, engine.PROMPT_CONTEXT = window, context
+        hits, times = 0, []
+        for prompt, tokens in zip(prompts, ids):
+            for drafter in gen.drafters:
+                drafter.begin_query(tokens)
+            start = time.perf_counter()
+            rates = gen.engine._prompt_fit(tokens, list(routed.route), ctx)
+            times.append(time.perf_counter() - start)
+            best = names[max(routed.route, key=lambda i: rates.get(i, 0.0))]
+            hits += best == SPECIALIST.get(prompt.domain, prompt.domain)
+        print(f"window {window:2d}, context {context:2d}: specialist picked {hits}/{len(prompts)}, "
+              f"median {statistics.median(times) * 1000:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

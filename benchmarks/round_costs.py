@@ -1,0 +1,68 @@
+"""Where a round's time goes inside the decode loop: the target's verification time by number of
+drafted tokens, and an LM drafter's cost per forward (catch-up vs one drafted token), from the
+traces of the default policy on the zoo dev set (medians; warm-up excluded).
+
+    python benchmarks/round_costs.py --zoo-corpus BUILD
+
+Timings inside the loop differ from micro-benchmarks: right after a target forward has evicted the
+caches, a drafter's weights and Python's own code run cold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+
+THREADS = 1
+PER_DOMAIN = 4
+MAX_NEW = 128
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--per-domain", type=int, default=PER_DOMAIN)
+    parser.add_argument("--zoo-corpus", default=None, help="zoo build folder (its dev split); default: found as bench does")
+    parser.add_argument("--threads", type=int, default=THREADS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    import draftwise.fastlm as fastlm
+    from draftwise import Generator
+    from draftwise.bench.datasets import find_zoo_corpus, zoo_prompts
+
+    hf_logging.disable_progress_bar()
+    forwards: dict[str, list[float]] = defaultdict(list)
+
+    def timed(name: str, original):  # record each bank-view call: catch-up (logits) or one drafted token
+        def wrapper(self, tokens, n_out=1):
+            start = time.perf_counter()
+            out = original(self, tokens, n_out)
+            forwards[name].append(time.perf_counter() - start)
+            return out
+        return wrapper
+
+    fastlm.BankLM.logits = timed("catch-up forward (logits)", fastlm.BankLM.logits)
+    fastlm.BankLM.extend = timed("one drafted token (extend)", fastlm.BankLM.extend)
+    gen = Generator.from_pretrained("zoo:target", ["zoo:all", "pld", "suffix"])
+    prompts = zoo_prompts(find_zoo_corpus(args.zoo_corpus), "dev", args.per_domain, 0)
+    gen.generate(prompts[0].text, max_new_tokens=16)  # warm-up
+    forwards.clear()
+    verify: dict[int, list[float]] = defaultdict(list)
+    for prompt in prompts:
+        for record in gen.generate(prompt.text, max_new_tokens=MAX_NEW).trace[1:]:  # round 1 holds the prompt
+            verify[record.drafted + 1].append(record.verify_s)
+    print("verification by tokens fed (drafted + 1): median ms (rounds)")
+    for fed in sorted(verify):
+        print(f"  {fed:2d}: {statistics.median(verify[fed]) * 1000:6.2f} ({len(verify[fed])})")
+    print("LM drafter forwards in the loop: median ms (calls)")
+    for name, times in forwards.items():
+        print(f"  {name}: {statistics.median(times) * 1000:.3f} ({len(times)})")
+
+
+if __name__ == "__main__":
+    main()
