@@ -5,7 +5,7 @@ Why, from the zoo measurements (NOTES.md, "A default that beats the best single 
 
 * a lookup drafter (PLD) costs nothing to ask, and whether it matches is known *before* the
   round: when it matches it is often the best arm; when it does not, playing it is a plain step;
-* on a CPU target, verifying one extra token costs ≈ +50 % while 2 → 8 tokens costs only ≈ +20 %,
+* on a CPU target, verifying one extra token costs ≈ +40 % while 2 → 9 tokens add only ≈ +30 %,
   so whether to draft at all matters more than how much;
 * each query has one domain, and the drafter that fits it is visible in the prompt (the engine's
   routed arm, ``auto``).
