@@ -7,7 +7,8 @@ Speedup = total tokens / total time, against plain decoding (`ar`) timed in the 
     python benchmarks/policy_ab.py --config "pld@4=fixed|pld@4" --config ctx-ucb=ctx-ucb \
         --config "rule=rule|pld@8,auto@4" --repeats 2 --zoo-corpus BUILD
 
-``--config LABEL=POLICY[|ARMS]``: a policy spec and, optionally, an explicit arm list. ``rule``
+``--shuffle SEED`` mixes the domains (bench groups prompts by domain, which favours learners that
+keep evidence across queries). ``--config LABEL=POLICY[|ARMS]``: a policy spec and, optionally, an explicit arm list. ``rule``
 is a reference policy defined here, not a learner: arm 0 when PLD has a match this round, else
 arm 1.
 """
@@ -18,6 +19,7 @@ import argparse
 import time
 from collections import defaultdict
 
+import numpy as np
 import torch
 
 THREADS = 1  # the machine's other core stays free for other work
@@ -46,6 +48,9 @@ def main() -> None:
     parser.add_argument("--per-domain", type=int, default=PER_DOMAIN)
     parser.add_argument("--zoo-corpus", default=None, help="zoo build folder (its dev split); default: found as bench does")
     parser.add_argument("--threads", type=int, default=THREADS)
+    parser.add_argument("--pool", default="zoo:all,pld,suffix", help="drafter pool (comma-separated specs)")
+    parser.add_argument("--shuffle", type=int, default=None, metavar="SEED",
+                        help="run the prompts in a random order (default: grouped by domain, as bench runs them)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
@@ -64,9 +69,11 @@ def main() -> None:
     for item in args.config:
         label, _, spec = item.partition("=")
         policy, _, arms = spec.partition("|")
-        pool = build_drafters(["zoo:all", "pld", "suffix"], model, tokenizer, options)
+        pool = build_drafters(args.pool.split(","), model, tokenizer, options)
         generators[label] = Generator(model, tokenizer, pool, policy=policy, arms=arms or None)
     prompts = zoo_prompts(find_zoo_corpus(args.zoo_corpus), "dev", args.per_domain, 0)
+    if args.shuffle is not None:  # learners that keep evidence across queries must not need domain runs
+        prompts = [prompts[i] for i in np.random.default_rng(args.shuffle).permutation(len(prompts))]
     ids = [generators["ar"].encode(p.text) for p in prompts]
     for gen in generators.values():  # warm-up, untimed
         gen.generate(ids[0], max_new_tokens=16)

@@ -72,6 +72,31 @@ def test_bonus_is_in_units_of_the_mean_reward() -> None:
     assert picks[0] == picks[1]
 
 
+def test_rule_prior_leads_each_context_until_the_data_disagree() -> None:
+    """Before any evidence: the lookup's arm where it has a proposal, the model arm where it has not
+    (no arm is tried blindly); evidence against the leader moves the choice."""
+    policy = make_policy("ctx-ucb", ["pld@8", "auto@4", "none"], np.random.default_rng(0))
+    policy.begin_query()
+    assert (policy.leader((True,)), policy.leader((False,))) == (0, 1)
+    policy.set_context((True,))
+    assert policy.select() == 0
+    policy.set_context((False,))
+    assert policy.select() == 1
+    for _ in range(40):  # here the routed drafter is a loss and a plain step is not
+        arm = policy.select()
+        policy.update(arm, _record(arm, {0: 1, 1: 1, 2: 1}[arm], {0: 0.004, 1: 0.009, 2: 0.003}[arm]))
+    assert policy.select() == 2
+    assert make_policy("ctx-ucb", ["pld@8", "none"], np.random.default_rng(0)).leader((False,)) is None
+    assert make_policy("ctx-ucb:on=pld+suffix", ["suffix@8", "pld@8", "code@4"],
+                       np.random.default_rng(0)).leader((False, True)) == 0
+    off = make_policy("ctx-ucb:lead=0", ["pld@8", "auto@4", "none"], np.random.default_rng(0))
+    off.begin_query()
+    off.set_context((False,))
+    assert off.evidence()[1] == [0.0, 0.0, 0.0]  # no prior: plain UCB, every arm tried once first
+    with pytest.raises(DraftwiseError, match="lag"):
+        make_policy("ctx-ucb:lag=2", ["a", "b"], np.random.default_rng(0))
+
+
 @pytest.fixture(scope="module")
 def pool(tiny_models):
     options = LoadOptions()
@@ -127,6 +152,10 @@ def test_engine_tells_the_policy_whether_pld_matches(pool, monkeypatch) -> None:
     seen.clear()
     no_pld.generate(novel, max_new_tokens=10, ignore_eos=True)
     assert seen == []  # no PLD in the pool: one context
+    both = Generator(model, tokenizer, [d for d in make() if d.name != "suffix"], policy="ctx-ucb:on=pld+suffix")
+    seen.clear()
+    both.generate(novel, max_new_tokens=10, ignore_eos=True)
+    assert seen and all(len(key) == 2 and key[1] is False for key in seen)  # one entry per named drafter
 
 
 def test_routed_arm_under_full_information_is_routed_before_round_one(pool, tiny_models) -> None:

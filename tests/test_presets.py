@@ -105,7 +105,10 @@ def test_counterfactual_is_exact(llama, policy: str, head_dtype: str, temperatur
             target_logits = model(torch.tensor([context])).logits[0, -1].float()
             for arm, row in zip(gen.arms, record.counterfactual):
                 expected = _actual_acceptance(gen.drafters[arm.drafter], context, target_logits, sampling, head_dtype)
-                assert row[j] == pytest.approx(expected, abs=1e-4), (record.index, j, arm.name)
+                # bfloat16 banks also run wide forwards' layers in bfloat16, so a drafter's numbers
+                # depend (to bfloat16 rounding) on how its tokens were batched
+                tolerance = 1e-4 if head_dtype == "float32" else 1e-2
+                assert row[j] == pytest.approx(expected, abs=tolerance), (record.index, j, arm.name)
                 checked += 1
     assert checked >= 40 * len(gen.arms) * 0.5  # most positions were evaluated (skipping defers the tail)
 

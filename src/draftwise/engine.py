@@ -21,7 +21,7 @@ from draftwise.models import CachedLM
 from draftwise.policies import Policy
 from draftwise.trace import RoundRecord
 from draftwise.tree import TreeVerdict, fit_tree, verify_tree_greedy, verify_tree_sampling
-from draftwise.verify import Sampling, Verdict, verify_greedy, verify_sampling, warp
+from draftwise.verify import Sampling, Verdict, top1_hits, verify_greedy, verify_sampling, warp
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,9 @@ class Engine:
         self.policy = policy
         # Contextual policies see, before each choice, which of these drafters have a proposal.
         names = [d.name for d in self.drafters]
-        self.context_drafters = [names.index(n) for n in getattr(policy, "context_on", ()) if n in names]
+        # one entry per context drafter the policy names (None: not in the pool, never proposes)
+        wanted = getattr(policy, "context_on", ())
+        self.context_drafters = [names.index(n) if n in names else None for n in wanted] if set(wanted) & set(names) else []
         self.rules: list[StopRule | None] = []
         self.pending: list[PendingRound] = []
         self.pending_tokens = 0
@@ -135,7 +137,7 @@ class Engine:
         # 1. select an arm (a contextual policy first learns which lookups have a proposal here)
         t0 = clock()
         if self.context_drafters:
-            self.policy.set_context(tuple(bool(self.drafters[i].propose(context, 1, dctx).tokens)
+            self.policy.set_context(tuple(i is not None and bool(self.drafters[i].propose(context, 1, dctx).tokens)
                                           for i in self.context_drafters))
         arm_index = self.policy.select()
         arm = self.arms[arm_index]
@@ -249,7 +251,7 @@ class Engine:
             if _scored_by_logits(drafter):
                 seen = recent if isinstance(drafter, LMDrafter) else prompt
                 logits = _drafter_logits(drafter, seen[:-1], window, batched)
-                rates[i] = float((logits.argmax(-1) == targets).float().mean())
+                rates[i] = float(top1_hits(logits, targets).float().mean())
             else:
                 guesses = drafter.first_tokens_along(prompt[: len(prompt) - window], prompt[len(prompt) - window :], dctx)
                 rates[i] = sum(g == t for g, t in zip(guesses, targets.tolist())) / window

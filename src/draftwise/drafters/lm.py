@@ -13,7 +13,7 @@ from draftwise.drafters.stopping import StopRule
 from draftwise.errors import DraftwiseError
 from draftwise.models import CachedLM
 from draftwise.tree import ROOT, CandidateTree, parse_shape
-from draftwise.verify import Sampling, warp
+from draftwise.verify import Sampling, top1_hits, warp
 
 TREE_KINDS = ("", "chain", "dynamic", "static", "sampled")
 DYNAMIC_BUDGET = 16  # nodes of a dynamic tree when no budget is given (EAGLE-2 uses 60 on GPUs)
@@ -76,7 +76,7 @@ def counterfactual_acceptance(q_logits: torch.Tensor, choice: torch.Tensor, targ
     """
     if not point_mass and width == 1:
         if target_probs is None:
-            return (q_logits.argmax(-1) == choice).float().tolist()
+            return top1_hits(q_logits, choice).float().tolist()
         return torch.minimum(target_probs, warp(q_logits, sampling)).sum(-1).tolist()
     q = _scores(q_logits, sampling)
     top = torch.topk(q, min(width, q.shape[-1]), dim=-1)

@@ -24,10 +24,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from draftwise.errors import DraftwiseError
 from draftwise.policies.base import register_policy
 from draftwise.policies.ucb import UCBPolicy
 
 Context = tuple[bool, ...] | None
+NONE = "none"  # the no-speculation arm (draftwise.arms.NONE, not imported: policies run without torch)
 
 
 @register_policy("ctx-ucb")
@@ -48,10 +50,16 @@ class ContextualUCBPolicy(UCBPolicy):
         reward: str = "throughput",
         keep: bool = True,
         decay: float = 0.5,
+        lead: float = 4.0,
+        lag: float = 0.5,
         **common: Any,
     ) -> None:
+        if lead < 0 or not 0.0 <= lag <= 1.0:
+            raise DraftwiseError(f"ctx-ucb: need lead >= 0 and 0 <= lag <= 1 (got lead={lead}, lag={lag})")
         self.on = on
         self.context_on = tuple(name for name in on.split("+") if name)
+        self.lead, self.lag = lead, lag
+        self.leaders: dict[Context, int | None] = {}
         super().__init__(arms, rng, beta=beta, reward=reward, keep=keep, decay=decay, **common)
 
     def reset(self) -> None:
@@ -85,6 +93,30 @@ class ContextualUCBPolicy(UCBPolicy):
         self.reward_sum += reward
         self.reward_count += 1
 
+    def leader(self, key: Context) -> int | None:
+        """The arm the rule prior favours in a context: the arm of a lookup that has a proposal,
+        else the first model-drafter arm (a lookup without a proposal, or ``none``, drafts nothing)."""
+        if key not in self.leaders:
+            proposing = {name for name, has in zip(self.context_on, key or ()) if has}
+            drafters = [arm.split("@")[0].split("+")[0] for arm in self.arms]
+            lookup = next((i for i, d in enumerate(drafters) if d in proposing), None)
+            model = next((i for i, d in enumerate(drafters) if d not in self.context_on and d != NONE), None)
+            self.leaders[key] = lookup if lookup is not None else model
+        return self.leaders[key]
+
+    def evidence(self) -> tuple[list[float], list[float], float]:
+        """The learned evidence plus the rule prior: ``lead`` pseudo-observations per arm, worth the
+        mean reward seen for the context's leading arm and ``lag`` × that for the others. The
+        prior is in the reward's own (unknown) scale and is never decayed: it only settles what
+        to try while the context's own evidence is thin, then the data outweigh it."""
+        sums, pulls, t = super().evidence()
+        leader = self.leader(self.key)
+        if self.lead <= 0 or leader is None:
+            return sums, pulls, t
+        mean = self.reward_sum / self.reward_count if self.reward_count > 0 else 1.0
+        sums = [s + self.lead * mean * (1.0 if i == leader else self.lag) for i, s in enumerate(sums)]
+        return sums, [n + self.lead for n in pulls], t + self.lead * self.n_arms
+
     def bonus_weight(self) -> float:
         """β in units of the mean reward seen (tokens/s have no natural scale)."""
         return self.beta * (self.reward_sum / self.reward_count if self.reward_count > 0 else 1.0)
@@ -92,4 +124,4 @@ class ContextualUCBPolicy(UCBPolicy):
     def state_dict(self) -> dict[str, Any]:
         contexts = {str(self.key): {"pulls": self.pulls.tolist(), "sums": self.sums.tolist()}}
         contexts.update({str(k): {"pulls": p.tolist(), "sums": s.tolist()} for k, (p, s, _) in self.stored.items()})
-        return {**super().state_dict(), "on": self.on, "contexts": contexts}
+        return {**super().state_dict(), "on": self.on, "lead": self.lead, "lag": self.lag, "contexts": contexts}

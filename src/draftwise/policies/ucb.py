@@ -90,12 +90,16 @@ class UCBPolicy(MeanRewardPolicy):
         """The weight of the exploration bonus sqrt(2 ln t / n): β, in the reward's units."""
         return self.beta
 
+    def evidence(self) -> tuple[list[float], list[float], float]:
+        """Reward sums, pull counts and total pulls the index is computed from."""
+        return self.sums.tolist(), self.pulls.tolist(), self.t
+
     def select(self) -> int:
         # ucb_index in plain Python (see argmax_random_tie): the decode loop's hot path
-        scale = 2.0 * math.log(max(self.t, 1.0))
+        sums, pulls, t = self.evidence()
+        scale = 2.0 * math.log(max(t, 1.0))
         weight = self.bonus_weight()
-        index = [s / n + weight * math.sqrt(scale / n) if n > 0 else math.inf
-                 for s, n in zip(self.sums.tolist(), self.pulls.tolist())]
+        index = [s / n + weight * math.sqrt(scale / n) if n > 0 else math.inf for s, n in zip(sums, pulls)]
         return argmax_random_tie(index, self.rng)
 
     def state_dict(self) -> dict[str, Any]:
