@@ -8,7 +8,9 @@ Speedup = total tokens / total time, against plain decoding (`ar`) timed in the 
         --config "rule=rule|pld@8,auto@4" --repeats 2 --zoo-corpus BUILD
 
 ``--shuffle SEED`` mixes the domains (bench groups prompts by domain, which favours learners that
-keep evidence across queries). ``--config LABEL=POLICY[|ARMS]``: a policy spec and, optionally, an explicit arm list. ``rule``
+keep evidence across queries). ``--config LABEL=POLICY[|ARMS[|POOL]]``: a policy spec and, optionally, an explicit arm list and
+its own drafter pool (default ``--pool``; a pool with white-box heads costs every arm a split prompt
+prefill, so fixed single-drafter configs are fairest with a pool of that drafter alone). ``rule``
 is a reference policy defined here, not a learner: arm 0 when PLD has a match this round, else
 arm 1.
 """
@@ -43,12 +45,12 @@ def register_rule_policy() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", action="append", required=True, help="LABEL=POLICY[|ARMS] (repeatable)")
+    parser.add_argument("--config", action="append", required=True, help="LABEL=POLICY[|ARMS[|POOL]] (repeatable)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--per-domain", type=int, default=PER_DOMAIN)
     parser.add_argument("--zoo-corpus", default=None, help="zoo build folder (its dev split); default: found as bench does")
     parser.add_argument("--threads", type=int, default=THREADS)
-    parser.add_argument("--pool", default="zoo:all,pld,suffix", help="drafter pool (comma-separated specs)")
+    parser.add_argument("--pool", default="zoo:all;pld;suffix", help="drafter pool: specs separated by semicolons")
     parser.add_argument("--shuffle", type=int, default=None, metavar="SEED",
                         help="run the prompts in a random order (default: grouped by domain, as bench runs them)")
     args = parser.parse_args()
@@ -68,8 +70,9 @@ def main() -> None:
     generators = {"ar": Generator(model, tokenizer, [], policy="fixed")}
     for item in args.config:
         label, _, spec = item.partition("=")
-        policy, _, arms = spec.partition("|")
-        pool = build_drafters(args.pool.split(","), model, tokenizer, options)
+        policy, _, rest = spec.partition("|")
+        arms, _, pool_spec = rest.partition("|")
+        pool = build_drafters((pool_spec or args.pool).split(";"), model, tokenizer, options)
         generators[label] = Generator(model, tokenizer, pool, policy=policy, arms=arms or None)
     prompts = zoo_prompts(find_zoo_corpus(args.zoo_corpus), "dev", args.per_domain, 0)
     if args.shuffle is not None:  # learners that keep evidence across queries must not need domain runs

@@ -82,10 +82,13 @@ def test_rule_prior_leads_each_context_until_the_data_disagree() -> None:
     assert policy.select() == 0
     policy.set_context((False,))
     assert policy.select() == 1
-    for _ in range(40):  # here the routed drafter is a loss and a plain step is not
+    picks = []
+    for _ in range(150):  # here the routed drafter is a loss and a plain step is not
         arm = policy.select()
-        policy.update(arm, _record(arm, {0: 1, 1: 1, 2: 1}[arm], {0: 0.004, 1: 0.009, 2: 0.003}[arm]))
-    assert policy.select() == 2
+        picks.append(arm)
+        policy.update(arm, _record(arm, 1, {0: 0.004, 1: 0.009, 2: 0.003}[arm]))
+    assert picks[:20] == [1] * 20  # the prior holds while the evidence is thin
+    assert picks[-50:].count(2) > 40  # then the data win
     assert make_policy("ctx-ucb", ["pld@8", "none"], np.random.default_rng(0)).leader((False,)) is None
     assert make_policy("ctx-ucb:on=pld+suffix", ["suffix@8", "pld@8", "code@4"],
                        np.random.default_rng(0)).leader((False, True)) == 0

@@ -81,3 +81,25 @@ def test_fast_first_tokens_along_equal_proposing_at_every_position() -> None:
                 tokens += verified
             for drafter in (fast, slow):
                 drafter.end_query(tokens, len(prompt))
+
+
+def test_pld_skips_single_token_matches_unless_asked() -> None:
+    import pytest
+
+    from draftwise.drafters import build_drafters
+    from draftwise.drafters.base import DraftContext
+    from draftwise.errors import DraftwiseError
+    from draftwise.verify import Sampling
+
+    ctx = DraftContext(Sampling())
+    one_gram = [7, 1, 2, 9, 3, 7]  # only "7" recurs
+    two_gram = [7, 3, 1, 2, 9, 7, 3]  # "7 3" recurs, followed by 1 2 9
+    default, original = build_drafters(["pld", "pld:min_ngram=1,name=pld1"], None, None, None)
+    assert default.propose(one_gram, 3, ctx).tokens == []
+    assert original.propose(one_gram, 3, ctx).tokens == [1, 2, 9]
+    assert default.propose(two_gram, 3, ctx).tokens == [1, 2, 9]
+    assert default.first_tokens_along(one_gram[:-1], [7, 1], ctx) == [None, None]
+    assert original.first_tokens_along(one_gram[:-1], [7, 1], ctx) == [None, 1]
+    assert build_drafters(["pld:max_ngram=1"], None, None, None)[0].min_ngram == 1  # follows a lower max
+    with pytest.raises(DraftwiseError, match="min_ngram must be between 1 and max_ngram"):
+        build_drafters(["pld:min_ngram=4"], None, None, None)
