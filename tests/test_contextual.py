@@ -121,6 +121,8 @@ def test_cascade_layout_and_the_routed_arm_parse(pool) -> None:
         build_arms("cascade", drafters, ArmSettings(drafter="nope"))
     with pytest.raises(DraftwiseError, match="routed arm"):
         build_arms("auto@4", drafters[:2], ArmSettings())
+    ruled = build_arms("auto@6+heuristic:up=1,none", drafters, ArmSettings())[0]
+    assert (ruled.name, ruled.stop, ruled.route, ruled.draft_len) == ("auto@6+heuristic:up=1", "heuristic:up=1", (2, 3), 6)
 
 
 def test_routed_arm_drafts_with_the_drafter_that_predicts_the_prompt(pool) -> None:

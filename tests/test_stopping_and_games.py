@@ -101,6 +101,22 @@ def test_adaedl_stops_below_its_bound_and_adapts(lam: float) -> None:
     assert rule.lam < lam
 
 
+def test_heuristic_follows_transformers_schedule() -> None:
+    """+up after a fully accepted draft, −down (not below 1) otherwise; the drafter honours the length."""
+    assert _drafted("heuristic:start=3") == 3
+    rule = make_stop_rule("heuristic")  # start 4, +2 / −1 as transformers' "heuristic" schedule
+    rule.after_round(drafted=4, accepted=4)
+    assert rule.k == 6
+    for _ in range(9):
+        rule.after_round(drafted=rule.k, accepted=0)
+    assert rule.k == 1
+    rule.after_round(drafted=0, accepted=0)  # nothing drafted: no evidence either way
+    assert rule.k == 1
+    assert [rule.should_stop(SCRIPT[0], step) for step in (0, 1)] == [False, True]
+    with pytest.raises(Exception, match="start ≥ 1"):
+        make_stop_rule("heuristic:start=0")
+
+
 def test_token_and_chunk_games_see_the_same_total_acceptance_loss() -> None:
     rng = np.random.default_rng(0)
     arms, total = 4, 0

@@ -101,14 +101,14 @@ def routable(drafter: Drafter) -> bool:
     return isinstance(drafter, LMDrafter) or getattr(drafter, "reads_target_hidden", False)
 
 
-def routed_arm(drafters: Sequence[Drafter], length: int) -> Arm | None:
+def routed_arm(drafters: Sequence[Drafter], length: int, stop: str | None = None) -> Arm | None:
     """One arm over all model drafters, routed per query; a plain arm when there is only one."""
     models = tuple(i for i, d in enumerate(drafters) if routable(d))
     if not models:
         return None
     if len(models) == 1:
-        return _arm(drafters, models[0], length)
-    return Arm(f"{AUTO}@{length}", models[0], length, route=models)
+        return _arm(drafters, models[0], length, stop)
+    return Arm(f"{AUTO}@{length}" + (f"+{stop}" if stop else ""), models[0], length, stop, route=models)
 
 
 @LAYOUTS.register("cascade")
@@ -167,10 +167,11 @@ def parse_arm(text: str, drafters: Sequence[Drafter], settings: ArmSettings) -> 
             length = int(length_text) if at else settings.draft_len
         except ValueError:
             raise DraftwiseError(f"arm {text!r}: draft length {length_text!r} is not an integer") from None
-        routed = routed_arm(drafters, length) if not plus else None
+        if plus:
+            validate_stop_spec(stop)
+        routed = routed_arm(drafters, length, stop if plus else None)
         if routed is None or length < 1:
-            raise DraftwiseError(f"arm {text!r}: the routed arm needs a model drafter in the pool, a length ≥ 1 "
-                                 "and no stopping rule")
+            raise DraftwiseError(f"arm {text!r}: the routed arm needs a model drafter in the pool and a length ≥ 1")
         return routed
     index = _find(drafters, name)
     if index is None:

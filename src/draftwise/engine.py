@@ -245,13 +245,17 @@ class Engine:
         # hidden states of the whole prompt, and lookups the whole stream (their state only grows).
         recent = prompt[-(window + PROMPT_CONTEXT + 1) :]
         rates: dict[int, float] = {}
-        batched: dict[int, torch.Tensor] = {}
+        banked: dict[int, torch.Tensor] = {}  # per bank: every member's top-1 hits, from one batched forward
         for i in which:
             drafter = self.drafters[i]
-            if _scored_by_logits(drafter):
+            bank = getattr(drafter, "bank", None)
+            if bank is not None:
+                if id(bank) not in banked:
+                    banked[id(bank)] = bank.top1_all(recent[:-1], targets)
+                rates[i] = float(banked[id(bank)][drafter.lm.slot].float().mean())
+            elif _scored_by_logits(drafter):
                 seen = recent if isinstance(drafter, LMDrafter) else prompt
-                logits = _drafter_logits(drafter, seen[:-1], window, batched)
-                rates[i] = float(top1_hits(logits, targets).float().mean())
+                rates[i] = float(top1_hits(drafter.next_logits(seen[:-1], window), targets).float().mean())
             else:
                 guesses = drafter.first_tokens_along(prompt[: len(prompt) - window], prompt[len(prompt) - window :], dctx)
                 rates[i] = sum(g == t for g, t in zip(guesses, targets.tolist())) / window

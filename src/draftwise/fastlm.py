@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from draftwise.models import TreeCacheMixin, common_prefix_len
+from draftwise.verify import top1_hits
 
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
               "vocab_size", "rms_norm_eps", "tie_word_embeddings")
@@ -189,6 +190,13 @@ class LlamaBank:
         By default at positions ``start..`` with a causal mask; a draft tree passes its own
         (depth-based) ``positions`` and ``allowed`` (len(ids), start + len(ids)) bool mask.
         """
+        x = self.features(which, ids, start, n_out, positions, allowed)
+        return torch.bmm(x.to(self.head_dtype), self._weights(which)["head"]).float()  # (B, n_out, V)
+
+    @torch.inference_mode()
+    def features(self, which: slice, ids: list[int], start: int, n_out: int, positions: list[int] | None = None,
+                 allowed: torch.Tensor | None = None) -> torch.Tensor:
+        """Like :meth:`forward`, but the LM head's inputs (B, n_out, H): the final-normed hidden states."""
         length = len(ids)
         self._grow(start + length)
         weights = self._weights(which)
@@ -227,8 +235,7 @@ class LlamaBank:
             h = self._rms(x, layer["post_norm"], self.eps)
             gate, up = mm(h, layer, "gate_up").chunk(2, dim=-1)
             x = x + mm(F.silu(gate) * up, layer, "down")
-        x = self._rms(x[:, -n_out:], weights["final_norm"], self.eps)
-        return torch.bmm(x.to(self.head_dtype), weights["head"]).float()  # (B, n_out, V)
+        return self._rms(x[:, -n_out:], weights["final_norm"], self.eps)
 
     def sync_all(self, tokens: Sequence[int], n_out: int) -> torch.Tensor:
         """Logits (D, n_out, V) of every drafter after ``tokens``, in one batched forward.
@@ -237,13 +244,30 @@ class LlamaBank:
         accepted draft tokens) so all drafters continue from the same position. A slot's pending
         draft tree is resolved first (its accepted path kept).
         """
+        return self.forward(slice(None), *self._sync_plan(tokens, n_out), n_out)
+
+    @torch.inference_mode()
+    def top1_all(self, tokens: Sequence[int], targets: torch.Tensor) -> torch.Tensor:
+        """Whether each drafter's top-1 after each of the last ``len(targets)`` positions of ``tokens``
+        is the next token (``targets``): (D, len(targets)) bool, synced like :meth:`sync_all`.
+
+        What routing needs, without the (D, n, V) float32 logits: each drafter's scores are made
+        in the head's precision and reduced at once (a fresh multi-megabyte tensor costs page
+        faults; one drafter's scores stay in cache).
+        """
+        n_out = len(targets)
+        x = self.features(slice(None), *self._sync_plan(tokens, n_out), n_out).to(self.head_dtype)
+        head = self._weights(slice(None))["head"]
+        return torch.stack([top1_hits(x[d] @ head[d], targets) for d in range(self.count)])
+
+    def _sync_plan(self, tokens: Sequence[int], n_out: int) -> tuple[list[int], int]:
+        """Cut every slot back to what all share with ``tokens``: the ids to feed and where from."""
         for view in self.views:
             if view is not None and view.tree is not None:
                 view._resolve_tree(tokens)
         keep = min(min(common_prefix_len(seen, tokens) for seen in self.tokens), len(tokens) - n_out)
-        logits = self.forward(slice(None), list(tokens[keep:]), keep, n_out)
         self.tokens = [list(tokens) for _ in range(self.count)]
-        return logits
+        return list(tokens[keep:]), keep
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

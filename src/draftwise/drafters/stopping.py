@@ -118,6 +118,29 @@ class LogitMargin(StopRule):
         return first - second < self.h
 
 
+@STOP_RULES.register("heuristic")
+class Heuristic(StopRule):
+    """transformers' "heuristic" assisted-generation schedule as a rule: draft ``k`` tokens (first
+    ``start``), then ``k + up`` after a round whose whole draft was accepted, else ``max(1, k − down)``.
+    It reads no distribution: the length follows how this query's drafts fared (the arm's draft
+    length caps it)."""
+
+    def __init__(self, *, start: int = 4, up: int = 2, down: int = 1) -> None:
+        if start < 1 or up < 0 or down < 0:
+            raise DraftwiseError(f"heuristic: need start ≥ 1, up ≥ 0, down ≥ 0 (got {start}, {up}, {down})")
+        self.name, self.k, self.up, self.down = "heuristic", start, up, down
+
+    def should_stop(self, probs: torch.Tensor, step: int) -> bool:
+        return step >= self.k
+
+    def after_round(self, drafted: int, accepted: int, next_token: int | None = None) -> None:
+        if drafted:
+            self.k = self.k + self.up if accepted >= drafted else max(1, self.k - self.down)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rule": self.name, "k": self.k}
+
+
 def adaedl_threshold(lam: float, rate: float, target: float, beta2: float, eps: float) -> float:
     """λ_{t+1} = β2·λ_t + (1 − β2)·(λ_t + ε·sign(α − rate)): raise λ (stop earlier) when the
     acceptance rate falls below its target α, lower it when above."""

@@ -58,6 +58,9 @@ def install_zoo(build: Path, dest: Path | None = None) -> Path:
         params = install_model(models / name, dest / name)
         entries.append({"name": name, "role": role, "domains": list(domains), "params": params})
         log.info("installed %s (%d params)", name, params)
+    # entries this build does not make (white-box heads, installed by `draftwise zoo heads`) stay
+    previous = json.loads((dest / MANIFEST).read_text()).get("models", []) if (dest / MANIFEST).exists() else []
+    entries += [e for e in previous if e.get("name") not in model_roles() and (dest / e.get("name", "")).is_dir()]
     meta_path = build / "build.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     manifest = {"models": entries, "build": {k: meta[k] for k in BUILD_SUMMARY_KEYS if k in meta}}
