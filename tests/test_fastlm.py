@@ -85,6 +85,22 @@ def test_bfloat16_head_is_close_to_float32_and_batched_equals_one_by_one() -> No
         assert torch.equal(BankLM(alone, slot, model).logits(tokens, 3), every[slot])
 
 
+@pytest.mark.parametrize("head_dtype", ["float32", "bfloat16"])
+def test_top1_all_agrees_with_the_logits(head_dtype: str) -> None:
+    """Routing's top-1 hits (scored per drafter in the head's precision) are those of the full logits."""
+    from draftwise.verify import top1_hits
+
+    models = _llamas(3)
+    tokens = [(5 * i + 3) % 97 for i in range(20)]
+    targets = torch.tensor(tokens[-8:])
+    logits = LlamaBank(models, head_dtype=head_dtype).sync_all(tokens[:-1], 8)
+    hits = LlamaBank(models, head_dtype=head_dtype).top1_all(tokens[:-1], targets)
+    assert hits.shape == (3, 8) and hits.dtype == torch.bool
+    every = targets.expand(3, 8)
+    assert torch.equal(hits, top1_hits(logits, every))
+    assert torch.equal(hits, logits.argmax(-1) == every)  # no ties here
+
+
 def test_head_dtype_is_checked() -> None:
     with pytest.raises(ValueError, match="head_dtype 'int8'"):
         LlamaBank(_llamas(1), head_dtype="int8")
