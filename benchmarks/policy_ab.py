@@ -4,15 +4,15 @@ Every configuration runs on the same prompts in one process, prompt by prompt (p
 slow drifts of the machine hit all of them alike; outputs are checked equal to plain decoding.
 Speedup = total tokens / total time, against plain decoding (`ar`) timed in the same loop.
 
-    python benchmarks/policy_ab.py --config "pld@4=fixed|pld@4" --config ctx-ucb=ctx-ucb \
+    python benchmarks/policy_ab.py --config "pld@4=fixed|pld@4|pld" --config ctx-ucb=ctx-ucb \
         --config "rule=rule|pld@8,auto@4" --repeats 2 --zoo-corpus BUILD
 
-``--shuffle SEED`` mixes the domains (bench groups prompts by domain, which favours learners that
-keep evidence across queries). ``--config LABEL=POLICY[|ARMS[|POOL]]``: a policy spec and, optionally, an explicit arm list and
-its own drafter pool (default ``--pool``; a pool with white-box heads costs every arm a split prompt
-prefill, so fixed single-drafter configs are fairest with a pool of that drafter alone). ``rule``
-is a reference policy defined here, not a learner: arm 0 when PLD has a match this round, else
-arm 1.
+``--config LABEL=POLICY[|ARMS[|POOL]]``: a policy spec and, optionally, an explicit arm list and
+its own drafter pool (specs separated by ``;``; default ``--pool``). A pool with white-box heads
+costs every arm a split prompt prefill, so single-drafter rows are fairest with a pool of that
+drafter alone. ``--shuffle SEED`` mixes the domains: bench groups prompts by domain, which
+favours learners that keep evidence across queries. ``rule`` is a reference policy defined here,
+not a learner: arm 0 when PLD has a match this round, else arm 1.
 """
 
 from __future__ import annotations
@@ -102,4 +102,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from draftwise.errors import DraftwiseError
+
+    try:
+        main()
+    except DraftwiseError as exc:  # bad input: one line, not a traceback
+        raise SystemExit(f"policy_ab.py: error: {exc}") from None
