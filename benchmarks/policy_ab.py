@@ -17,12 +17,11 @@ not a learner: arm 0 when PLD has a match this round, else arm 1.
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections import defaultdict
 
 import numpy as np
-import torch
+from dev_set import dev_prompts, dev_set_parser  # benchmarks/dev_set.py
 
 THREADS = 1  # the machine's other core stays free for other work
 PER_DOMAIN = 4  # dev prompts per domain
@@ -44,26 +43,19 @@ def register_rule_policy() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = dev_set_parser(__doc__, PER_DOMAIN, THREADS)
     parser.add_argument("--config", action="append", required=True, help="LABEL=POLICY[|ARMS[|POOL]] (repeatable)")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--per-domain", type=int, default=PER_DOMAIN)
-    parser.add_argument("--zoo-corpus", default=None, help="zoo build folder (its dev split); default: found as bench does")
-    parser.add_argument("--threads", type=int, default=THREADS)
     parser.add_argument("--pool", default="zoo:all;pld;suffix", help="drafter pool: specs separated by semicolons")
     parser.add_argument("--shuffle", type=int, default=None, metavar="SEED",
                         help="run the prompts in a random order (default: grouped by domain, as bench runs them)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    from transformers.utils import logging as hf_logging
-
+    prompts = dev_prompts(args)
     from draftwise import Generator
-    from draftwise.bench.datasets import find_zoo_corpus, zoo_prompts
     from draftwise.drafters import build_drafters
     from draftwise.models import LoadOptions, load_causal_lm
     from draftwise.zoo import resolve_zoo_name
 
-    hf_logging.disable_progress_bar()
     register_rule_policy()
     options = LoadOptions()
     model, tokenizer = load_causal_lm(resolve_zoo_name("zoo:target"), options)
@@ -74,7 +66,6 @@ def main() -> None:
         arms, _, pool_spec = rest.partition("|")
         pool = build_drafters((pool_spec or args.pool).split(";"), model, tokenizer, options)
         generators[label] = Generator(model, tokenizer, pool, policy=policy, arms=arms or None)
-    prompts = zoo_prompts(find_zoo_corpus(args.zoo_corpus), "dev", args.per_domain, 0)
     if args.shuffle is not None:  # learners that keep evidence across queries must not need domain runs
         prompts = [prompts[i] for i in np.random.default_rng(args.shuffle).permutation(len(prompts))]
     ids = [generators["ar"].encode(p.text) for p in prompts]

@@ -7,11 +7,10 @@ several (WINDOW, CONTEXT) pairs — the routed arm's choice (engine.PROMPT_WINDO
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
-import torch
+from dev_set import dev_prompts, dev_set_parser  # benchmarks/dev_set.py
 
 THREADS = 1
 PER_DOMAIN = 8
@@ -21,25 +20,16 @@ SPECIALIST = {"general": "generalist"}  # other domains: the drafter named like 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--per-domain", type=int, default=PER_DOMAIN)
-    parser.add_argument("--zoo-corpus", default=None, help="zoo build folder (its dev split); default: found as bench does")
-    parser.add_argument("--threads", type=int, default=THREADS)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    from transformers.utils import logging as hf_logging
-
+    args = dev_set_parser(__doc__, PER_DOMAIN, THREADS).parse_args()
+    prompts = dev_prompts(args, SEED)
     import draftwise.engine as engine
     from draftwise import Generator
-    from draftwise.bench.datasets import find_zoo_corpus, zoo_prompts
     from draftwise.drafters import DraftContext
     from draftwise.verify import Sampling
 
-    hf_logging.disable_progress_bar()
     gen = Generator.from_pretrained("zoo:target", ["zoo:all", "pld"])
     routed = next(arm for arm in gen.arms if arm.route)
     names = [d.name for d in gen.drafters]
-    prompts = zoo_prompts(find_zoo_corpus(args.zoo_corpus), "dev", args.per_domain, SEED)
     ids = [gen.encode(p.text) for p in prompts]
     ctx = DraftContext(Sampling())
     gen.engine._prompt_fit(ids[0], list(routed.route), ctx)  # warm-up

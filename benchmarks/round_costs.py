@@ -10,12 +10,11 @@ caches, a drafter's weights and Python's own code run cold.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections import defaultdict
 
-import torch
+from dev_set import dev_prompts, dev_set_parser  # benchmarks/dev_set.py
 
 THREADS = 1
 PER_DOMAIN = 4
@@ -23,19 +22,11 @@ MAX_NEW = 128
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--per-domain", type=int, default=PER_DOMAIN)
-    parser.add_argument("--zoo-corpus", default=None, help="zoo build folder (its dev split); default: found as bench does")
-    parser.add_argument("--threads", type=int, default=THREADS)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    from transformers.utils import logging as hf_logging
-
+    args = dev_set_parser(__doc__, PER_DOMAIN, THREADS).parse_args()
+    prompts = dev_prompts(args)
     import draftwise.fastlm as fastlm
     from draftwise import Generator
-    from draftwise.bench.datasets import find_zoo_corpus, zoo_prompts
 
-    hf_logging.disable_progress_bar()
     forwards: dict[str, list[float]] = defaultdict(list)
 
     def timed(name: str, original):  # record each bank-view call: catch-up (logits) or one drafted token
@@ -49,7 +40,6 @@ def main() -> None:
     fastlm.BankLM.logits = timed("catch-up forward (logits)", fastlm.BankLM.logits)
     fastlm.BankLM.extend = timed("one drafted token (extend)", fastlm.BankLM.extend)
     gen = Generator.from_pretrained("zoo:target", ["zoo:all", "pld", "suffix"])
-    prompts = zoo_prompts(find_zoo_corpus(args.zoo_corpus), "dev", args.per_domain, 0)
     gen.generate(prompts[0].text, max_new_tokens=16)  # warm-up
     forwards.clear()
     verify: dict[int, list[float]] = defaultdict(list)

@@ -76,11 +76,12 @@ class Engine:
         self.arm_drafter: list[int | None] = [arm.drafter for arm in self.arms]
         self.played = set(self.arm_drafter)  # drafters behind some arm
         self.policy = policy
-        # Contextual policies see, before each choice, which of these drafters have a proposal.
+        # Contextual policies see, before each choice, which of the drafters they name have a
+        # proposal: one entry per name (None: not in the pool, never proposes); none in the pool,
+        # no context at all.
         names = [d.name for d in self.drafters]
-        # one entry per context drafter the policy names (None: not in the pool, never proposes)
-        wanted = getattr(policy, "context_on", ())
-        self.context_drafters = [names.index(n) if n in names else None for n in wanted] if set(wanted) & set(names) else []
+        named = [names.index(n) if n in names else None for n in getattr(policy, "context_on", ())]
+        self.context_drafters = named if any(i is not None for i in named) else []
         self.rules: list[StopRule | None] = []
         self.pending: list[PendingRound] = []
         self.pending_tokens = 0

@@ -81,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
     drafters = args.drafter if args.drafter is not None else (list(DEFAULT_POOL) if target == DEFAULT_TARGET else [])
     gen = Generator.from_pretrained(
         target, drafters, policy=args.policy or DEFAULT_POLICY, draft_len=args.draft_len,
-        device=args.device, dtype=args.dtype, seed=args.seed, chat=args.chat, arms=args.arms, drafter_head_dtype=args.drafter_head_dtype,
+        device=args.device, dtype=args.dtype, seed=args.seed, chat=args.chat, arms=args.arms,
         max_draft=args.max_draft, stops=args.stops.split(",") if args.stops else None, arm_drafter=args.arm_drafter,
+        drafter_head_dtype=args.drafter_head_dtype,
     )
     result = gen.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,

@@ -1,0 +1,29 @@
+"""The command line every zoo dev-set benchmark shares: how many prompts per domain, where the zoo
+build (its dev split) is, how many torch threads; and the prompts themselves."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+
+
+def dev_set_parser(doc: str | None, per_domain: int, threads: int = 1) -> argparse.ArgumentParser:
+    """A parser with ``--per-domain``, ``--zoo-corpus`` and ``--threads``; scripts add their own options."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--per-domain", type=int, default=per_domain)
+    parser.add_argument("--zoo-corpus", default=None, help="zoo build folder (its dev split); default: found as bench does")
+    parser.add_argument("--threads", type=int, default=threads)
+    return parser
+
+
+def dev_prompts(args: argparse.Namespace, seed: int = 0) -> list[Any]:
+    """Set the thread count, quiet transformers' progress bars, and sample the dev prompts."""
+    from transformers.utils import logging as hf_logging
+
+    from draftwise.bench.datasets import find_zoo_corpus, zoo_prompts
+
+    torch.set_num_threads(args.threads)
+    hf_logging.disable_progress_bar()
+    return zoo_prompts(find_zoo_corpus(args.zoo_corpus), "dev", args.per_domain, seed)
