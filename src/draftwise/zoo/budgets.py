@@ -25,8 +25,8 @@ class BuildBudget:
     distill_tokens: int = 200_000  # per domain: tokens the target labels for distillation
     teacher_top_k: int = 16
     # 660 steps (2.7M tokens seen, ≈ 13 passes over a specialist's 200k labels): at 220 the drafters
-    # were undertrained (loss still falling fast); 660 took the code drafter's MAT on code dev
-    # prompts from 2.53 to 3.21 (docs/zoo.md)
+    # were undertrained (loss still falling fast); 660 took the code drafter's in-domain MAT on the
+    # dev split from 2.55 to 3.40 (docs/zoo.md, benchmarks/zoo_acceptance.py)
     drafter_train: TrainConfig = TrainConfig(steps=660, batch=16, seq_len=256, lr=3e-3, warmup=50)
     generalist_steps_factor: float = 1.0  # the generalist gets a specialist's compute, spread over every domain
     seed: int = 20261121
