@@ -26,7 +26,7 @@ from conftest import build_models  # noqa: E402  (the tests' tiny models)
 from draftwise import Generator  # noqa: E402
 from draftwise.drafters.eagle import EagleDrafter, EagleHead, eagle_config  # noqa: E402
 from draftwise.drafters.whitebox import target_dims  # noqa: E402
-from draftwise.models import LoadOptions, load_causal_lm  # noqa: E402
+from draftwise.loading import LoadOptions, load_causal_lm  # noqa: E402
 from draftwise.zoo.heads import collect_hidden, eagle_loss  # noqa: E402
 
 # defaults, one line each

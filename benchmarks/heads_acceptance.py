@@ -25,7 +25,7 @@ import transformers
 
 from draftwise import Generator
 from draftwise.drafters import build_drafters
-from draftwise.models import LoadOptions, load_causal_lm
+from draftwise.loading import LoadOptions, load_causal_lm
 from draftwise.zoo.corpus import DOMAINS, read_split
 from draftwise.zoo.tokenizer import encode_prompts
 

@@ -53,7 +53,7 @@ def main() -> None:
     prompts = dev_prompts(args)
     from draftwise import Generator
     from draftwise.drafters import build_drafters
-    from draftwise.models import LoadOptions, load_causal_lm
+    from draftwise.loading import LoadOptions, load_causal_lm
     from draftwise.zoo import resolve_zoo_name
 
     register_rule_policy()

@@ -24,7 +24,7 @@ MAX_NEW = 128
 def main() -> None:
     args = dev_set_parser(__doc__, PER_DOMAIN, THREADS).parse_args()
     prompts = dev_prompts(args)
-    import draftwise.fastlm as fastlm
+    import draftwise.drafter_bank as drafter_bank
     from draftwise import Generator
 
     forwards: dict[str, list[float]] = defaultdict(list)
@@ -37,8 +37,8 @@ def main() -> None:
             return out
         return wrapper
 
-    fastlm.BankLM.logits = timed("catch-up forward (logits)", fastlm.BankLM.logits)
-    fastlm.BankLM.extend = timed("one drafted token (extend)", fastlm.BankLM.extend)
+    drafter_bank.BankLM.logits = timed("catch-up forward (logits)", drafter_bank.BankLM.logits)
+    drafter_bank.BankLM.extend = timed("one drafted token (extend)", drafter_bank.BankLM.extend)
     gen = Generator.from_pretrained("zoo:target", ["zoo:all", "pld", "suffix"])
     gen.generate(prompts[0].text, max_new_tokens=16)  # warm-up
     forwards.clear()

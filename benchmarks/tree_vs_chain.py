@@ -108,7 +108,7 @@ def main() -> None:
 
     from draftwise import Generator
     from draftwise.drafters import build_drafters
-    from draftwise.models import LoadOptions, load_causal_lm
+    from draftwise.loading import LoadOptions, load_causal_lm
 
     hf_logging.disable_progress_bar()
     tmp = tempfile.TemporaryDirectory()

@@ -17,9 +17,9 @@ torch.set_num_threads(1)
 def float32_drafter_heads(monkeypatch):
     """Lean-path drafters compute like transformers (to 1e-6) unless a test asks for bfloat16 heads:
     many tests compare a drafter with a fresh transformers forward, or rely on an identical twin."""
-    import draftwise.fastlm
+    import draftwise.drafter_bank
 
-    monkeypatch.setattr(draftwise.fastlm, "DEFAULT_HEAD_DTYPE", "float32")
+    monkeypatch.setattr(draftwise.drafter_bank, "DEFAULT_HEAD_DTYPE", "float32")
 
 WORDS = ("the a cat dog sat on mat ran far and then stop it is was big small red blue one two three "
          "def return print if else for in x y z = ( ) : + - * / 0 1 2 3 4 5 6 7 8 9 . , ? !").split()

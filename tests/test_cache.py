@@ -10,7 +10,8 @@ import torch
 
 from draftwise import Generator
 from draftwise.drafters import LMDrafter, build_drafters
-from draftwise.models import CachedLM, LoadOptions, common_prefix_len, load_causal_lm
+from draftwise.cached_lm import CachedLM, common_prefix_len
+from draftwise.loading import LoadOptions, load_causal_lm
 from draftwise.policies.simple import RandomPolicy
 
 TOL = 1e-4

@@ -9,7 +9,7 @@ from draftwise import Generator
 from draftwise.arms import ArmSettings, build_arms
 from draftwise.drafters import build_drafters
 from draftwise.errors import DraftwiseError
-from draftwise.models import LoadOptions, load_causal_lm
+from draftwise.loading import LoadOptions, load_causal_lm
 from draftwise.policies import make_policy
 from draftwise.trace import RoundRecord
 
@@ -178,7 +178,7 @@ def test_routed_arm_under_full_information_is_routed_before_round_one(pool, tiny
     result = gen.generate(prompt, max_new_tokens=24, ignore_eos=True)
     reference = AutoModelForCausalLM.from_pretrained(tiny_models["llama-target"]).eval()
     assert result.token_ids == _reference(reference, prompt, 24, None)
-    assert gen.engine.arm_drafter[0] == 3  # llama-twin, picked before the first round
+    assert gen.engine.last_query.arm_drafter[0] == 3  # llama-twin, picked before the first round
     assert all(r.arm_name in ("auto@4=llama-twin", "pld@4") for r in result.trace)
     assert any(r.counterfactual is not None for r in result.trace)
 
@@ -188,6 +188,7 @@ def test_prompt_fit_leaves_lookups_on_the_whole_prompt(pool) -> None:
     prompt, or its later drafts would come from a misaligned stream."""
     from draftwise.drafters import DraftContext
     from draftwise.drafters.suffix import SuffixDrafter
+    from draftwise.engine import PromptFit
     from draftwise.verify import Sampling
 
     model, tokenizer, make = pool
@@ -197,7 +198,7 @@ def test_prompt_fit_leaves_lookups_on_the_whole_prompt(pool) -> None:
     suffix = next(i for i, d in enumerate(gen.drafters) if d.name == "suffix")
     for drafter in gen.drafters:
         drafter.begin_query(prompt)
-    rates = gen.engine._prompt_fit(prompt, list(range(len(gen.drafters))), DraftContext(Sampling()))
+    rates = PromptFit().rates(gen.drafters, prompt, list(range(len(gen.drafters))), DraftContext(Sampling()))
     assert set(rates) == set(range(len(gen.drafters)))
     fresh = SuffixDrafter()
     fresh.begin_query(prompt)

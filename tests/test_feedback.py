@@ -150,7 +150,7 @@ def test_docstring_examples_of_the_learners_signals_and_simulator() -> None:
 
     names = ["draftwise.feedback", "draftwise.policies.base", "draftwise.policies.ucb", "draftwise.policies.ucb_family",
              "draftwise.policies.exp3", "draftwise.policies.thompson", "draftwise.policies.halving",
-             "draftwise.policies.hedge", "draftwise.policies.delayed", "draftwise.sim.process", "draftwise.sim.cli"]
+             "draftwise.policies.hedge", "draftwise.policies.delayed", "draftwise.sim.process", "draftwise.cli.sim"]
     for name in names:
         result = doctest.testmod(importlib.import_module(name))
         assert result.failed == 0, name

@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM
 
 from draftwise import Generator
 from draftwise.drafters import build_drafters
-from draftwise.models import LoadOptions, load_causal_lm
+from draftwise.drafters import Drafter
+from draftwise.loading import LoadOptions, load_causal_lm
 
 CASES_PER_SETUP = 36
 SETUPS = {
@@ -30,20 +31,15 @@ SETUPS = {
 }
 
 
-class AlwaysWrong:
+class AlwaysWrong(Drafter):
     """A drafter whose every token differs from the target's argmax (it peeks at the target)."""
 
     name = "wrong"
-    point_mass = True
 
     def __init__(self, model) -> None:
-        from draftwise.models import CachedLM
+        from draftwise.cached_lm import CachedLM
 
         self.lm = CachedLM(model)
-
-    def begin_query(self, prompt) -> None: ...
-
-    def end_query(self, tokens, prompt_len) -> None: ...
 
     def propose(self, context, max_len, ctx, stop=None):
         from draftwise.drafters import Draft

@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM
 from draftwise import Generator
 from draftwise.api import DEFAULT_POLICY
 from draftwise.drafters import DraftContext, LMDrafter, build_drafters
-from draftwise.fastlm import BankLM, LlamaBank
-from draftwise.models import LoadOptions, load_causal_lm
+from draftwise.drafter_bank import BankLM, LlamaBank
+from draftwise.loading import LoadOptions, load_causal_lm
 from draftwise.policies import PRESETS
 from draftwise.verify import Sampling, warp
 
@@ -114,16 +114,16 @@ def test_counterfactual_is_exact(llama, policy: str, head_dtype: str, temperatur
 
 
 def test_skipping_defers_and_batches_the_evaluation(llama, monkeypatch) -> None:
-    from draftwise.engine import Engine
+    from draftwise.engine import evaluation
 
     batches: list[int] = []
-    original = Engine._evaluate
+    original = evaluation.evaluate
 
-    def counting(self, context, dctx):
-        batches.append(self.pending_tokens)
-        return original(self, context, dctx)
+    def counting(drafters, query):
+        batches.append(query.pending_tokens)
+        return original(drafters, query)
 
-    monkeypatch.setattr(Engine, "_evaluate", counting)
+    monkeypatch.setattr(evaluation, "evaluate", counting)
     model, tokenizer, pool = llama
     gen = Generator(model, tokenizer, pool(), policy="hedgespec:warmup=2,skip=8")
     result = gen.generate([5, 6, 7, 8] * 3, max_new_tokens=60, seed=0, ignore_eos=True)

@@ -13,25 +13,23 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import draftwise.drafters.retrieval as retrieval
 from draftwise import Generator
 from draftwise.cli import main
 from draftwise.drafters import DraftContext, build_drafters
-from draftwise.drafters.retrieval import (
+from draftwise.datastore import Datastore, concatenate_documents
+from draftwise.drafters.retrieval import RetrievalDrafter
+from draftwise.suffix_array import (
     SEPARATOR,
-    Datastore,
-    RetrievalDrafter,
-    concatenate_documents,
+    continuation_tree,
     continuation_windows,
     count_continuations,
-    continuation_tree,
     greedy_chain,
     longest_match,
     suffix_array,
     top_continuations,
 )
 from draftwise.errors import DraftwiseError
-from draftwise.models import LoadOptions, load_causal_lm
+from draftwise.loading import LoadOptions, load_causal_lm
 
 
 def _random_stream(rng: np.random.Generator, documents: int, alphabet: int, max_len: int) -> np.ndarray:
@@ -70,8 +68,12 @@ def _brute_greedy(counts: dict[tuple[int, ...], int], total: int, max_len: int, 
 
 
 def test_docstring_examples() -> None:
-    result = doctest.testmod(retrieval)
-    assert result.failed == 0 and result.attempted > 10
+    import draftwise.corpora
+    import draftwise.datastore
+    import draftwise.suffix_array
+
+    results = [doctest.testmod(module) for module in (draftwise.suffix_array, draftwise.datastore, draftwise.corpora)]
+    assert all(r.failed == 0 for r in results) and sum(r.attempted for r in results) > 10
 
 
 def test_suffix_array_matches_brute_force_sort() -> None:

@@ -13,7 +13,7 @@ from draftwise.cli import main
 from draftwise.errors import DraftwiseError
 from draftwise.policies.base import Policy
 from draftwise.sim import SCENARIOS, get_scenario, simulate
-from draftwise.sim.cli import split_policies
+from draftwise.cli.sim import split_policies
 from draftwise.sim.process import (
     acceptance_from_mat,
     draw_gammas,
@@ -195,6 +195,6 @@ def test_cli_table_list_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_sim_imports_no_torch() -> None:
-    code = "import sys, draftwise.cli, draftwise.sim.cli, draftwise.sim.runner; print('torch' in sys.modules)"
+    code = "import sys, draftwise.cli, draftwise.cli.sim, draftwise.sim.runner; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

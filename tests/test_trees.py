@@ -14,8 +14,9 @@ from transformers import AutoModelForCausalLM
 from draftwise import Generator
 from draftwise.drafters import Draft, Drafter, LMDrafter, SuffixDrafter, TreeOptions, build_drafters
 from draftwise.errors import DraftwiseError
-from draftwise.fastlm import BankLM, LlamaBank
-from draftwise.models import CachedLM, LoadOptions, load_causal_lm
+from draftwise.drafter_bank import BankLM, LlamaBank
+from draftwise.cached_lm import CachedLM
+from draftwise.loading import LoadOptions, load_causal_lm
 from draftwise.tree import (ancestor_matrix, fit_tree, level_acceptance, path_to, rejection_chain,
                             tree_attention_mask, tree_depths, tree_positions, verify_tree_greedy,
                             verify_tree_sampling)

@@ -20,7 +20,7 @@ from draftwise.drafters.medusa import MedusaDrafter, MedusaHeads, medusa_config
 from draftwise.drafters.whitebox import (MARKER, WhiteBoxDrafter, lm_head_fingerprint, load_head_drafter,
                                          read_head_config, save_head, target_dims)
 from draftwise.errors import DraftwiseError
-from draftwise.models import LoadOptions, load_causal_lm
+from draftwise.loading import LoadOptions, load_causal_lm
 from draftwise.verify import Sampling
 from draftwise.zoo.heads import HiddenSet, collect_hidden, eagle_loss, eagle_unrolled, medusa_loss
 from test_lossless_greedy import _reference

@@ -10,10 +10,11 @@ import torch
 
 from draftwise.arms import ArmSettings, build_arms
 from draftwise.drafters import Drafter, build_drafters
-from draftwise.engine import Engine, QuerySettings
+from draftwise.engine import Engine, QuerySettings, StopCheck
 from draftwise.errors import DraftwiseError
-from draftwise.fastlm import attach_banks
-from draftwise.models import CachedLM, LoadOptions, context_limit, load_causal_lm
+from draftwise.drafter_bank import attach_banks
+from draftwise.cached_lm import CachedLM
+from draftwise.loading import LoadOptions, context_limit, load_causal_lm
 from draftwise.policies import POLICIES, PRESETS, make_policy
 from draftwise.trace import GenerationResult, summarize
 from draftwise.verify import Sampling
@@ -50,7 +51,7 @@ class Generator:
         self.chat = chat
         self.target = CachedLM(target)
         self.drafters = list(drafters)
-        if fast_drafters:  # small Llama drafters run on the lean batched path (draftwise.fastlm)
+        if fast_drafters:  # small Llama drafters run on the lean batched path (draftwise.drafter_bank)
             try:  # their LM head in bfloat16 where the CPU multiplies it natively (default "auto")
                 attach_banks(self.drafters, drafter_head_dtype)
             except ValueError as error:
@@ -161,21 +162,30 @@ class Generator:
         log.warning("prompt truncated from %d to its last %d tokens", len(ids), room)
         return ids[-room:]
 
-    def _stop_checker(self, stops: list[str]):
-        tokenizer = self.tokenizer
-        longest = max(len(s) for s in stops)
+    def _stop_checker(self, stops: list[str]) -> StopCheck:
+        return stop_checker(self.tokenizer, stops)
 
-        def check(generated: list[int]) -> int | None:
-            # Look only at a tail long enough to hold any stop string (each token ≥ 1 character).
-            tail_start = max(0, len(generated) - longest - 8)
-            if not any(s in tokenizer.decode(generated[tail_start:]) for s in stops):
-                return None
-            for keep in range(tail_start + 1, len(generated) + 1):  # the first token completing one
-                if any(s in tokenizer.decode(generated[tail_start:keep]) for s in stops):
-                    return keep
+
+def stop_checker(tokenizer: Any, stops: Sequence[str]) -> StopCheck:
+    """A :data:`StopCheck` for stop strings: after a round that added ``new`` tokens, the length to
+    keep (through the first token completing a stop string), else None.
+
+    A stop string that completes this round ends within the new tokens and starts at most
+    ``longest`` tokens before them (a token decodes to ≥ 1 character; 8 more cover multi-byte
+    characters split across tokens), so only that tail is decoded — a round may add many tokens.
+    """
+    longest = max(len(s) for s in stops)
+
+    def check(generated: list[int], new: int) -> int | None:
+        tail_start = max(0, len(generated) - new - longest - 8)
+        if not any(s in tokenizer.decode(generated[tail_start:]) for s in stops):
             return None
+        for keep in range(max(tail_start + 1, len(generated) - new + 1), len(generated) + 1):
+            if any(s in tokenizer.decode(generated[tail_start:keep]) for s in stops):
+                return keep
+        return None
 
-        return check
+    return check
 
 
 def arm_settings(

@@ -5,8 +5,8 @@ Layouts (``--arms``):
 
 * ``drafters`` — one arm per drafter at the draft length (MetaSD, HedgeSpec, BanditSpec §6.1);
 * ``lengths`` — draft lengths 0 (no speculation), 1, …, L of one drafter (BanditSpec §6.2);
-* ``stops`` — the stopping rules of one LM drafter, up to a max draft length (TapOut);
-* ``drafters×stops`` — every LM drafter with every rule, plus the other drafters as they are;
+* ``stops`` — the stopping rules of one model drafter, up to a max draft length (TapOut);
+* ``drafters×stops`` — every model drafter with every rule, plus the other drafters as they are;
 * ``cascade`` — draftwise's own: one lookup drafter with long drafts, one *routed* arm over the
   model drafters (which one is picked per query by how well each predicts the prompt), and no
   speculation; made for the ``ctx-ucb`` policy (the default);
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from draftwise.drafters import Drafter, LMDrafter
+from draftwise.drafters import Drafter, ModelDrafter
 from draftwise.drafters.stopping import validate_stop_spec
 from draftwise.errors import DraftwiseError
 from draftwise.registry import Registry
@@ -35,7 +35,7 @@ class Arm:
     name: str
     drafter: int | None  # index into the drafter pool; None = no speculation (plain decoding)
     draft_len: int  # the draft budget (max length under a stopping rule)
-    stop: str | None = None  # stopping-rule spec for LM drafters
+    stop: str | None = None  # stopping-rule spec for model drafters
     # A routed arm: the engine picks its drafter among these at the start of each query, by
     # each one's top-1 accuracy on the prompt (``drafter`` is then only the first candidate).
     route: tuple[int, ...] = ()
@@ -73,7 +73,7 @@ def drafter_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm
 
 @LAYOUTS.register("lengths")
 def length_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm]:
-    index = _pick(drafters, settings.drafter, lm_only=False, layout="lengths")
+    index = _pick(drafters, settings.drafter, model_only=False, layout="lengths")
     return [Arm(NONE, None, 0)] + [
         Arm(f"{drafters[index].name}@{k}", index, k) for k in range(1, settings.draft_len + 1)
     ]
@@ -81,7 +81,7 @@ def length_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm]
 
 @LAYOUTS.register("stops")
 def stop_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm]:
-    index = _pick(drafters, settings.drafter, lm_only=True, layout="stops")
+    index = _pick(drafters, settings.drafter, model_only=True, layout="stops")
     return [_arm(drafters, index, _stop_length(s, settings), s) for s in settings.stops]
 
 
@@ -89,21 +89,16 @@ def stop_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm]:
 def drafter_stop_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm]:
     arms: list[Arm] = []
     for i, drafter in enumerate(drafters):
-        if isinstance(drafter, LMDrafter):
+        if isinstance(drafter, ModelDrafter):
             arms.extend(_arm(drafters, i, _stop_length(s, settings), s) for s in settings.stops)
         else:
             arms.append(_arm(drafters, i, settings.draft_len))
     return arms
 
 
-def routable(drafter: Drafter) -> bool:
-    """Model drafters (their distribution scores the prompt); lookups are cheap arms of their own."""
-    return isinstance(drafter, LMDrafter) or getattr(drafter, "reads_target_hidden", False)
-
-
 def routed_arm(drafters: Sequence[Drafter], length: int, stop: str | None = None) -> Arm | None:
     """One arm over all model drafters, routed per query; a plain arm when there is only one."""
-    models = tuple(i for i, d in enumerate(drafters) if routable(d))
+    models = tuple(i for i, d in enumerate(drafters) if isinstance(d, ModelDrafter))
     if not models:
         return None
     if len(models) == 1:
@@ -116,7 +111,7 @@ def cascade_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm
     """One lookup drafter (``arm_drafter``, else ``pld``, else the first lookup) at twice the draft
     length — proposing costs nothing and, on CPU targets, verifying 8 tokens costs little more than
     2 — the routed model arm, and no speculation. More lookup arms measured slower (NOTES.md)."""
-    lookups = [i for i, d in enumerate(drafters) if not routable(d)]
+    lookups = [i for i, d in enumerate(drafters) if not isinstance(d, ModelDrafter)]
     names = [drafters[i].name for i in lookups]
     wanted = settings.drafter or ("pld" if "pld" in names else names[0] if names else None)
     if wanted is not None and wanted not in names:
@@ -178,8 +173,9 @@ def parse_arm(text: str, drafters: Sequence[Drafter], settings: ArmSettings) -> 
         raise DraftwiseError(f"arm {text!r}: no drafter {name!r}; drafters are: {', '.join(d.name for d in drafters)}")
     if plus:
         validate_stop_spec(stop)
-        if not isinstance(drafters[index], LMDrafter):
-            raise DraftwiseError(f"arm {text!r}: stopping rules apply to LM drafters only, not {name!r}")
+        if not isinstance(drafters[index], ModelDrafter):
+            raise DraftwiseError(f"arm {text!r}: stopping rules apply to model drafters only (they judge its "
+                                 f"distribution), not {name!r}")
     try:
         length = int(length_text) if at else (_stop_length(stop, settings) if plus else settings.draft_len)
     except ValueError:
@@ -195,13 +191,13 @@ def _find(drafters: Sequence[Drafter], name: str) -> int | None:
     return next((i for i, d in enumerate(drafters) if d.name == name), None)
 
 
-def _pick(drafters: Sequence[Drafter], name: str | None, *, lm_only: bool, layout: str) -> int:
+def _pick(drafters: Sequence[Drafter], name: str | None, *, model_only: bool, layout: str) -> int:
     if name is not None:
         index = _find(drafters, name)
         if index is None:
             raise DraftwiseError(f"no drafter {name!r} for the {layout} layout; drafters: {', '.join(d.name for d in drafters)}")
         return index
     for i, drafter in enumerate(drafters):
-        if not lm_only or isinstance(drafter, LMDrafter):
+        if not model_only or isinstance(drafter, ModelDrafter):
             return i
-    raise DraftwiseError(f"the {layout} layout needs an LM drafter (stopping rules read its distribution)")
+    raise DraftwiseError(f"the {layout} layout needs a model drafter (stopping rules read its distribution)")

@@ -20,7 +20,6 @@ configurations only).
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -79,15 +78,12 @@ class Workbench:
 
     @property
     def lm_names(self) -> list[str]:
-        return [d.name for d in self.pool if hasattr(d, "lm")]
+        return [d.name for d in self.pool if _hf_model(d) is not None]
 
     def fresh_pool(self, names: Sequence[str] | None = None) -> list[Any]:
-        """New drafter objects: LM drafters share the weights, stateful drafters start empty."""
-        from draftwise.drafters import LMDrafter
-
-        chosen = [d for d in self.pool if names is None or d.name in names]
-        return [LMDrafter(d.lm.model, name=d.name, source=d.source) if isinstance(d, LMDrafter) else copy.deepcopy(d)
-                for d in chosen]
+        """New drafter objects with every option (tree shapes included): weights and datastores
+        shared, per-query state empty."""
+        return [d.fresh() for d in self.pool if names is None or d.name in names]
 
     def generator(self, policy: str, names: Sequence[str] | None = None) -> Any:
         from draftwise.api import Generator
@@ -103,9 +99,16 @@ class Workbench:
 
     def lm_model(self, name: str) -> Any:
         for d in self.pool:
-            if d.name == name and hasattr(d, "lm"):
-                return d.lm.model
+            if d.name == name and (model := _hf_model(d)) is not None:
+                return model
         raise DraftwiseError(f"no LM drafter {name!r} in the pool; LM drafters: {', '.join(self.lm_names) or 'none'}")
+
+
+def _hf_model(drafter: Any) -> Any | None:
+    """The Hugging Face LM behind a drafter (None for lookups and heads)."""
+    from draftwise.drafters import ModelDrafter
+
+    return drafter.hf_model() if isinstance(drafter, ModelDrafter) else None
 
 
 MethodFactory = Callable[[Workbench, str], Method]

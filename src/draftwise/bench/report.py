@@ -355,7 +355,7 @@ def cpu_info() -> dict[str, Any]:
         pass
     import torch
 
-    from draftwise.fastlm import resolve_head_dtype
+    from draftwise.drafter_bank import resolve_head_dtype
 
     # the lean drafters' LM-head dtype for float32 models follows the CPU ("auto"): results depend on it
     head = str(resolve_head_dtype(None, torch.float32)).replace("torch.", "")

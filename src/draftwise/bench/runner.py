@@ -220,7 +220,7 @@ def jsonable(value: Any) -> Any:
 
 def load_workbench(config: BenchConfig, router: Any = None) -> Workbench:
     from draftwise.drafters import build_drafters
-    from draftwise.models import LoadOptions, load_causal_lm
+    from draftwise.loading import LoadOptions, load_causal_lm
 
     options = LoadOptions(dtype=config.dtype)
     model, tokenizer = load_causal_lm(config.target, options)
@@ -246,7 +246,7 @@ def drafter_domains(pool: Sequence[Any]) -> dict[str, tuple[str, ...]]:
 def encode_prompts(bench: Workbench, prompts: Sequence[Prompt], max_new_tokens: int) -> list[list[int]]:
     """Token ids of every prompt, through the target's tokenizer (and chat template), fitted to its context."""
     from draftwise.api import Generator
-    from draftwise.models import context_limit
+    from draftwise.loading import context_limit
 
     encoder = Generator(bench.model, bench.tokenizer, [], policy="fixed")
     limit = context_limit(bench.model)

@@ -4,7 +4,7 @@ Specs: ``pld``, ``pld:max_ngram=4``, ``suffix``, ``suffix:factor=2``, a model pa
 (an :class:`LMDrafter`), ``zoo:NAME`` or ``zoo:all`` (the embedded zoo's drafters),
 ``lm:model=PATH,name=NAME`` with optional draft-tree options ``tree=dynamic|static|sampled``,
 ``topk``, ``budget``, ``depth``, ``shape`` (e.g. ``lm:model=PATH,tree=dynamic,topk=4,budget=16``;
-see :class:`~draftwise.drafters.lm.TreeOptions`). White-box heads that read the target's hidden
+see :class:`~draftwise.drafters.draft_shapes.TreeOptions`). White-box heads that read the target's hidden
 states: ``eagle:head=PATH``, ``medusa:head=PATH`` (same tree options, ``head`` may be a zoo name),
 ``zoo:eagle-NAME`` / ``zoo:medusa`` (zoo heads; ``zoo:heads`` = every zoo head, never part of
 ``zoo:all``).
@@ -15,20 +15,21 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
-from draftwise.drafters.lm import LMDrafter, TreeOptions
+from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter, ModelDrafter, SharedForwards
+from draftwise.drafters.draft_shapes import TreeOptions
+from draftwise.drafters.lm import LMDrafter
 from draftwise.drafters.stopping import STOP_RULES, StopRule, make_stop_rule
 from draftwise.drafters.prompt_lookup import PromptLookupDrafter
 from draftwise.drafters.retrieval import RetrievalDrafter  # registers `rest`
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.drafters.whitebox import HEAD_KINDS, WhiteBoxDrafter, load_head_drafter
 from draftwise.errors import DraftwiseError
-from draftwise.models import LoadOptions, load_causal_lm
+from draftwise.loading import LoadOptions, load_causal_lm
 from draftwise.options import keyword_defaults, split_spec, typed_options
 
-__all__ = ["DRAFTERS", "Draft", "DraftContext", "Drafter", "LMDrafter", "PromptLookupDrafter",
-           "STOP_RULES", "StopRule", "SuffixDrafter", "TreeOptions", "WhiteBoxDrafter", "build_drafters",
-           "drafter_kinds", "make_stop_rule"]
+__all__ = ["DRAFTERS", "STOP_RULES", "Draft", "DraftContext", "Drafter", "LMDrafter", "ModelDrafter",
+           "PromptLookupDrafter", "SharedForwards", "StopRule", "SuffixDrafter", "TreeOptions", "WhiteBoxDrafter",
+           "build_drafters", "drafter_kinds", "make_stop_rule"]
 
 WHITE_BOX_KINDS = ("eagle", "medusa")  # spec heads that load a head checkpoint onto the target
 ZOO_HEADS = "zoo:heads"

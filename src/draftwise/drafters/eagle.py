@@ -21,11 +21,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftwise.drafters.base import Draft, DraftContext
-from draftwise.drafters.lm import TreeOptions, draft_chain, draft_tree
+from draftwise.drafters.draft_shapes import TreeOptions, draft_chain, draft_tree
 from draftwise.drafters.stopping import StopRule
 from draftwise.drafters.whitebox import (HeadConfig, RMSNorm, RowBuffer, WhiteBoxDrafter, apply_rotary,
                                          causal_allowed, load_head_weights, register_head_kind, rotary_tables)
-from draftwise.models import common_prefix_len
+from draftwise.cached_lm import common_prefix_len
 from draftwise.tree import ROOT, tree_attention_mask, tree_positions
 
 KV = tuple[torch.Tensor, torch.Tensor]

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftwise.drafters.base import Draft, DraftContext
-from draftwise.drafters.lm import TreeOptions, draft_chain, draft_tree
+from draftwise.drafters.draft_shapes import TreeOptions, draft_chain, draft_tree
 from draftwise.drafters.stopping import StopRule
 from draftwise.drafters.whitebox import HeadConfig, WhiteBoxDrafter, load_head_weights, register_head_kind
 

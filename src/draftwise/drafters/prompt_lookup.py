@@ -74,6 +74,9 @@ class PromptLookupDrafter(Drafter):
     def begin_query(self, prompt: Sequence[int]) -> None:
         self.index.reset()
 
+    def recover(self) -> None:
+        self.index.reset()
+
     def propose(self, context: Sequence[int], max_len: int, ctx: DraftContext, stop: Any = None) -> Draft:
         start = self.index.lookup(context, self.min_ngram) if max_len > 0 else None
         if start is None:

@@ -177,6 +177,9 @@ class SuffixDrafter(Drafter):
         self.seen = 0
         self.global_match = (0, 0)
 
+    def recover(self) -> None:
+        self.begin_query(())  # the store of earlier responses stays
+
     def end_query(self, tokens: Sequence[int], prompt_len: int) -> None:
         response = list(tokens[prompt_len:])
         if not self.store_tokens or not response:

@@ -16,6 +16,7 @@ Heads are loaded with :func:`load_head_drafter` (specs ``eagle:head=PATH``, ``me
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from dataclasses import asdict, dataclass, fields
@@ -25,12 +26,11 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from draftwise.drafters.base import Drafter
-from draftwise.drafters.lm import TreeOptions, counterfactual_acceptance
+from draftwise.cached_lm import RowBuffer
+from draftwise.drafter_bank import resolve_head_dtype
+from draftwise.drafters.base import ModelDrafter
+from draftwise.drafters.draft_shapes import TreeOptions
 from draftwise.errors import DraftwiseError
-from draftwise.fastlm import resolve_head_dtype
-from draftwise.models import RowBuffer
-from draftwise.verify import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def load_head_weights(module: nn.Module, folder: str | Path) -> nn.Module:
     return module.float().eval()
 
 
-class WhiteBoxDrafter(Drafter):
+class WhiteBoxDrafter(ModelDrafter):
     """A drafter that reads the target's final hidden states and shares its embedding and LM head.
 
     Keeps the hidden states the engine handed over (``seen``, one row per position of
@@ -180,8 +180,6 @@ class WhiteBoxDrafter(Drafter):
     """
 
     reads_target_hidden = True
-    point_mass = False
-    bank = None  # the engine batches LM drafters on banks; heads run on their own
 
     def __init__(self, target: Any, config: HeadConfig, *, name: str, source: str = "",
                  tree: TreeOptions | None = None) -> None:
@@ -192,7 +190,7 @@ class WhiteBoxDrafter(Drafter):
         self.embed = target.get_input_embeddings()  # shared with the target, never trained here
         self.lm_head = target.get_output_embeddings()
         # A copy of the LM head in bfloat16 where the CPU multiplies it natively: it is read for
-        # every drafted token, and in float32 it is most of a draft's cost (see draftwise.fastlm).
+        # every drafted token, and in float32 it is most of a draft's cost (see draftwise.drafter_bank).
         weight = self.lm_head.weight
         self.head_dtype = resolve_head_dtype(None, weight.dtype)
         plain = self.head_dtype == weight.dtype or getattr(self.lm_head, "bias", None) is not None
@@ -205,6 +203,9 @@ class WhiteBoxDrafter(Drafter):
         self.seen.truncate(0)
         self.seen_tokens = []
         self._invalidate(0)
+
+    def recover(self) -> None:
+        self.begin_query(())  # the engine hands the hidden states over again next query
 
     def observe_target(self, tokens: Sequence[int], hidden: torch.Tensor, start: int) -> None:
         self.seen.truncate(start)
@@ -230,14 +231,10 @@ class WhiteBoxDrafter(Drafter):
             return self.lm_head(features).float()
         return torch.nn.functional.linear(features.to(self.head_dtype), self.head_weight).float()
 
-    def acceptance_along(self, q_logits: torch.Tensor, choice: torch.Tensor, target_probs: torch.Tensor | None,
-                         sampling: Sampling) -> list[float]:
-        """Per verified position, would this drafter's first level have been accepted (as for LM drafters)."""
-        return counterfactual_acceptance(q_logits, choice, target_probs, sampling, self.tree.first_width,
-                                         point_mass=self.tree.kind != "chain")
-
-    def next_logits(self, context: Sequence[int], n_out: int) -> torch.Tensor:
-        raise NotImplementedError
+    def fresh(self) -> "WhiteBoxDrafter":
+        """A copy with no query state; the head's weights and the target's embedding and LM head are shared."""
+        shared = [self.embed, self.lm_head, self.head_weight, *self.head_module().parameters()]
+        return copy.deepcopy(self, {id(t): t for t in shared if t is not None})
 
     def padded(self, logits: torch.Tensor, n_out: int) -> torch.Tensor:
         """Left-pad with flat rows where no hidden state exists (the very first position of a sequence)."""
@@ -273,7 +270,7 @@ def load_head_drafter(path: str, target: Any, *, kind: str = "", name: str = "",
 
     ``kind`` (eagle / medusa), when given, must match the checkpoint's marker.
     """
-    from draftwise.models import resolve_model_path
+    from draftwise.loading import resolve_model_path
     import draftwise.drafters.eagle  # noqa: F401  (registers the kinds)
     import draftwise.drafters.medusa  # noqa: F401
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import gzip
 import hashlib
 import json
 import logging
@@ -36,6 +35,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from draftwise.corpora import open_text
 from draftwise.errors import DraftwiseError
 from draftwise.registry import Registry
 
@@ -99,14 +99,12 @@ def stable_fraction(key: str) -> float:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
+    with open_text(path) as handle:
         return [json.loads(line) for line in handle if line.strip()]
 
 
 def read_json(path: Path) -> list[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
+    with open_text(path) as handle:
         return json.load(handle)
 
 

@@ -9,7 +9,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from draftwise.drafters import LMDrafter
-from draftwise.fastlm import BankLM, LlamaBank, attach_banks, bank_key
+from draftwise.drafter_bank import BankLM, LlamaBank, attach_banks, bank_key
 
 TOL = 1e-4
 

@@ -1,98 +1,72 @@
-"""Loading Hugging Face causal LMs, and a KV cache that follows a token sequence.
+"""A causal LM whose KV cache follows a token sequence: the target's cache, and an LM drafter's.
 
 :class:`CachedLM` is the one place where caches are kept, cut back and caught up: given the
 token sequence it should have seen, it keeps the longest common prefix already cached, crops the
 rest (rejected draft tokens) and feeds only the tokens it has not seen (a drafter's catch-up
 after idle rounds, MetaSD's switching cost). Accepted tokens are never recomputed.
+
+:class:`TokenCache` is the interface the engine and the drafters rely on; :class:`CachedLM`
+(transformers' forward) and :class:`~draftwise.drafter_bank.BankLM` (one drafter of a batched
+bank) implement it.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import re
+import functools
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 import torch
 
 from draftwise.errors import DraftwiseError
 from draftwise.tree import additive_mask, check_tree, match_path, tree_attention_mask, tree_positions
 
-log = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+Method = TypeVar("Method", bound=Callable[..., Any])
 
 
-@dataclass(frozen=True)
-class LoadOptions:
-    device: str = "cpu"
-    dtype: str = "float32"
+def all_or_nothing(method: Method) -> Method:
+    """A cache update either completes or leaves an empty cache: an exception (Ctrl-C, a timer
+    signal) inside a forward would otherwise leave the recorded tokens ahead of the keys and
+    values actually stored, and later queries would read a corrupt cache."""
 
-    def torch_dtype(self) -> torch.dtype:
+    @functools.wraps(method)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return DTYPES[self.dtype]
-        except KeyError:
-            raise DraftwiseError(f"unknown dtype {self.dtype!r}; valid: {', '.join(DTYPES)}") from None
+            return method(self, *args, **kwargs)
+        except BaseException:
+            self.reset()
+            raise
+
+    return guarded  # type: ignore[return-value]
 
 
-def resolve_model_path(name: str) -> str:
-    """Map ``zoo:NAME`` to the embedded zoo's directory; anything else is a local path or hub id."""
-    if name.startswith("zoo:"):
-        from draftwise.zoo import resolve_zoo_name  # the zoo is optional until it is built
+class TokenCache(Protocol):
+    """A causal LM whose cache follows a token sequence: what the engine and LM drafters call."""
 
-        return str(resolve_zoo_name(name))
-    return name
+    model: Any
+    tokens: list[int]  # the tokens whose keys and values are cached
+    vocab_size: int
+    calls: int  # forwards run so far
 
+    def reset(self) -> None:
+        """Forget every cached token."""
+        ...
 
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+    def logits(self, tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
+        """Float32 logits (n_out, V) after each of the last ``n_out`` positions of ``tokens``."""
+        ...
 
+    def extend(self, new_tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
+        """:meth:`logits` for ``self.tokens + new_tokens`` when the cache is in sync."""
+        ...
 
-def _check_location(name: str, path: str) -> None:
-    """A path that is not a directory is an error unless it could be a hub id (``org/model``)."""
-    if os.path.isdir(path):
-        return
-    if os.path.exists(path):
-        raise DraftwiseError(f"model path {name!r} is not a directory (expected a Hugging Face checkpoint folder)")
-    if not _HUB_ID.fullmatch(path):
-        raise DraftwiseError(f"model path {name!r} does not exist")
+    def tree_logits(self, context: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Logits after the context and after each node of a draft tree, in one forward."""
+        ...
 
-
-def load_causal_lm(name: str, options: LoadOptions) -> tuple[Any, Any | None]:
-    """Load ``AutoModelForCausalLM`` and (when it has one) its tokenizer from a path or hub id."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = os.path.expanduser(resolve_model_path(name))
-    _check_location(name, path)
-    dtype = options.torch_dtype()
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except (OSError, ValueError) as exc:
-        where = "" if os.path.isdir(path) else " (not a local directory, and the hub is unreachable or has no such model)"
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise DraftwiseError(f"cannot load model {name!r}{where}: {first}") from None
-    try:
-        model.to(options.device)
-    except (RuntimeError, AssertionError) as exc:
-        raise DraftwiseError(f"cannot move model {name!r} to device {options.device!r}: {exc}") from None
-    model.eval()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, TypeError):
-        tokenizer = None
-        log.info("model %s has no tokenizer; token ids only", name)
-    return model, tokenizer
-
-
-def context_limit(model: Any) -> int | None:
-    """The longest sequence the model's positions allow (None when unbounded or unknown)."""
-    config = model.config
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+    def tree_extend(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Add nodes to the pending draft tree; their logits."""
+        ...
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -154,6 +128,7 @@ class TreeCacheMixin:
         self.tokens = self.tokens[:base] + [tree.tokens[i] for i in path]
 
     @torch.inference_mode()
+    @all_or_nothing
     def tree_logits(self, context: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         """Logits (n + 1, V) after the context (row 0) and after each tree node (row i + 1), one forward.
 
@@ -168,6 +143,7 @@ class TreeCacheMixin:
         return self._grow_tree(fresh, keep, tokens, parents, len(tokens) + 1)
 
     @torch.inference_mode()
+    @all_or_nothing
     def tree_extend(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         """Add nodes to the pending tree (a new one hangs from ``self.tokens``); logits (len(tokens), V).
 
@@ -260,6 +236,7 @@ class CachedLM(TreeCacheMixin):
         self.hidden = RowBuffer()  # (len(cache), H) final hidden states, when keep_hidden
 
     @torch.inference_mode()
+    @all_or_nothing
     def hidden_states(self, tokens: Sequence[int], start: int, stop: int) -> torch.Tensor:
         """Copy of the final hidden states at positions ``start:stop`` of ``tokens`` (needs ``keep_hidden``).
 
@@ -275,6 +252,7 @@ class CachedLM(TreeCacheMixin):
         return self.hidden.view(start, stop).clone()
 
     @torch.inference_mode()
+    @all_or_nothing
     def logits(self, tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
         """Float32 logits (n_out, V) predicting the tokens after each of the last ``n_out`` positions.
 
@@ -291,6 +269,7 @@ class CachedLM(TreeCacheMixin):
         return self._forward(fresh, n_out)
 
     @torch.inference_mode()
+    @all_or_nothing
     def extend(self, new_tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
         """Like :meth:`logits` for ``self.tokens + new_tokens`` when the cache is known to be in sync."""
         if self.tree is not None:

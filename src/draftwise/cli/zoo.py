@@ -80,7 +80,7 @@ def eval_action(args: argparse.Namespace) -> int:
 
 @action("heads")
 def heads_action(args: argparse.Namespace) -> int:
-    from draftwise.models import LoadOptions, load_causal_lm
+    from draftwise.loading import LoadOptions, load_causal_lm
     from draftwise.zoo.heads import HEADS_BUDGETS, corpus_streams, install_heads, run_heads
 
     add_log_file(args.log)

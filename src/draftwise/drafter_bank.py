@@ -1,11 +1,11 @@
-"""A lean forward for small Llama drafters, and a bank that runs several of them at once.
+"""The drafter bank: a lean forward for small Llama drafters that runs several of them at once.
 
 Why: a drafter of about one layer × 128 hidden spends most of a transformers forward in Python
 and dispatch overhead (≈ 0.8 ms on these CPUs whatever the size). Drafter numerics never touch
 losslessness — the target decides every token — so drafters may run on this hand-written path:
 the same maths (RMSNorm, rotary embeddings, grouped-query attention, SiLU-gated MLP) on stacked
 weights with ``torch.bmm``. Drafters of one shape share a :class:`LlamaBank`; each is driven
-through a :class:`BankLM` view with the :class:`~draftwise.models.CachedLM` interface, and the
+through a :class:`BankLM` view with the :class:`~draftwise.cached_lm.CachedLM` interface, and the
 evaluation phase feeds the newly verified tokens to *all* of them in one batched forward.
 
 The target always runs through transformers' own forward.
@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from draftwise.models import TreeCacheMixin, common_prefix_len
+from draftwise.cached_lm import TreeCacheMixin, all_or_nothing, common_prefix_len
 from draftwise.verify import top1_hits
 
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
@@ -237,6 +237,14 @@ class LlamaBank:
             x = x + mm(F.silu(gate) * up, layer, "down")
         return self._rms(x[:, -n_out:], weights["final_norm"], self.eps)
 
+    def reset(self) -> None:
+        """Forget every slot's tokens (an interrupted batched forward may have half-written them)."""
+        for slot in range(self.count):
+            self.tokens[slot] = []
+            if self.views[slot] is not None:
+                self.views[slot].tree = None
+
+    @all_or_nothing
     def sync_all(self, tokens: Sequence[int], n_out: int) -> torch.Tensor:
         """Logits (D, n_out, V) of every drafter after ``tokens``, in one batched forward.
 
@@ -246,6 +254,7 @@ class LlamaBank:
         """
         return self.forward(slice(None), *self._sync_plan(tokens, n_out), n_out)
 
+    @all_or_nothing
     @torch.inference_mode()
     def top1_all(self, tokens: Sequence[int], targets: torch.Tensor) -> torch.Tensor:
         """Whether each drafter's top-1 after each of the last ``len(targets)`` positions of ``tokens``
@@ -277,7 +286,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class BankLM(TreeCacheMixin):
-    """One drafter of a bank, with the :class:`~draftwise.models.CachedLM` interface."""
+    """One drafter of a bank, with the :class:`~draftwise.cached_lm.TokenCache` interface."""
 
     def __init__(self, bank: LlamaBank, slot: int, model: Any) -> None:
         self.bank, self.slot, self.model = bank, slot, model
@@ -298,7 +307,9 @@ class BankLM(TreeCacheMixin):
 
     def reset(self) -> None:
         self.bank.tokens[self.slot] = []
+        self.tree = None
 
+    @all_or_nothing
     def logits(self, tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
         self._resolve_tree(tokens)
         keep = min(common_prefix_len(self.tokens, tokens), len(tokens) - n_out)
@@ -306,6 +317,7 @@ class BankLM(TreeCacheMixin):
         self.calls += 1
         return self.bank.forward(self.which, list(tokens[keep:]), keep, n_out)[0]
 
+    @all_or_nothing
     def extend(self, new_tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
         if self.tree is not None:
             return self.logits(self.tokens + list(new_tokens), n_out)
@@ -315,6 +327,7 @@ class BankLM(TreeCacheMixin):
         return self.bank.forward(self.which, list(new_tokens), start, n_out)[0]
 
     # the draft-tree hooks: the slot's buffers are fixed-size, entries past the end are just overwritten
+    @all_or_nothing
     def _masked_forward(self, ids: list[int], positions: list[int], allowed: torch.Tensor, n_out: int) -> torch.Tensor:
         self.calls += 1
         start = allowed.shape[1] - len(ids)
@@ -331,19 +344,18 @@ class BankLM(TreeCacheMixin):
 
 
 def attach_banks(drafters: Sequence[Any], head_dtype: str | torch.dtype | None = None) -> list[LlamaBank]:
-    """Move LM drafters of one Llama shape onto shared banks (drafters of other kinds stay as they are)."""
-    from draftwise.drafters.lm import LMDrafter
+    """Move model drafters of one Llama shape onto shared banks (the others stay as they are)."""
+    from draftwise.drafters.base import ModelDrafter
 
-    groups: dict[tuple, list[Any]] = {}
+    groups: dict[tuple, list[ModelDrafter]] = {}
     for drafter in drafters:
-        if isinstance(drafter, LMDrafter) and (key := bank_key(drafter.lm.model)) is not None:
+        model = drafter.hf_model() if isinstance(drafter, ModelDrafter) else None
+        if model is not None and (key := bank_key(model)) is not None:
             groups.setdefault(key, []).append(drafter)
     banks = []
     for members in groups.values():
-        bank = LlamaBank([d.lm.model for d in members], head_dtype)
+        bank = LlamaBank([d.hf_model() for d in members], head_dtype)
         for slot, drafter in enumerate(members):
-            drafter.lm = BankLM(bank, slot, drafter.lm.model)
-            drafter.bank = bank
+            drafter.join_bank(bank, slot)
         banks.append(bank)
     return banks
-

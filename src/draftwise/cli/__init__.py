@@ -1,6 +1,6 @@
 """The ``draftwise`` command line: the only place that prints.
 
-Each subcommand lives in its own module exposing ``register(subparsers)``, which adds a parser
+Every subcommand lives in its own module of this package exposing ``register(subparsers)``, which adds a parser
 whose ``func(args) -> int`` runs the command. A :class:`DraftwiseError` becomes one line on
 stderr and exit status 2; Ctrl-C exits with 130 after the command has shown what it has.
 """
@@ -17,12 +17,12 @@ from draftwise.errors import DraftwiseError
 
 # Subcommand modules, in the order `draftwise --help` lists them.
 COMMAND_MODULES = (
-    "draftwise.commands.generate",
-    "draftwise.commands.policies",
-    "draftwise.commands.datastore",
-    "draftwise.sim.cli",
-    "draftwise.zoo.cli",
-    "draftwise.bench.cli",
+    "draftwise.cli.generate",
+    "draftwise.cli.policies",
+    "draftwise.cli.datastore",
+    "draftwise.cli.sim",
+    "draftwise.cli.zoo",
+    "draftwise.cli.bench",
 )
 
 

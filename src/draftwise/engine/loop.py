@@ -1,0 +1,242 @@
+"""The round loop (BanditSpec Alg. 3 / MetaSD Alg. 1): select → draft → verify → accept → feedback.
+
+One target forward per round verifies the whole draft and yields one more target token, so every
+round produces at least one token and the output is exactly what the target alone produces.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from draftwise.arms import Arm
+from draftwise.cached_lm import CachedLM
+from draftwise.drafters import Draft, Drafter, make_stop_rule
+from draftwise.engine import evaluation
+from draftwise.engine.query import QuerySettings, QueryState, new_query
+from draftwise.engine.routing import PromptFit, prompt_prior, route
+from draftwise.engine.white_box import HiddenStateFeed
+from draftwise.policies import Policy
+from draftwise.trace import RoundRecord
+from draftwise.tree import TreeVerdict, fit_tree, verify_tree_greedy, verify_tree_sampling
+from draftwise.verify import Verdict, verify_greedy, verify_sampling, warp
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class QueryOutcome:
+    tokens: list[int]  # prompt + generated
+    records: list[RoundRecord]
+    stopped_by: str
+    wall_s: float
+    extra_target_calls: int = 0  # target forwards outside the rounds (a white-box prompt prefill)
+
+
+@dataclass
+class Verified:
+    """What one target forward decided about a draft."""
+
+    verdict: Verdict | TreeVerdict
+    accepted: list[int]  # the accepted draft tokens, in order
+    logits: torch.Tensor  # (rows, V) the target at each verified position
+    target_probs: torch.Tensor | None  # (rows, V) its warped distribution (sampling)
+
+
+class Engine:
+    """Runs queries with one target, a pool of drafters, a list of arms and a policy."""
+
+    def __init__(self, target: CachedLM, drafters: Sequence[Drafter], arms: Sequence[Arm], policy: Policy,
+                 prompt_fit: PromptFit = PromptFit()) -> None:
+        self.target = target
+        self.drafters = list(drafters)
+        self.arms = list(arms)
+        self.policy = policy
+        self.prompt_fit = prompt_fit
+        self.hidden = HiddenStateFeed(target, self.drafters)
+        # Contextual policies see, before each choice, which of the drafters they name have a
+        # proposal: one entry per name (None: not in the pool, never proposes); none in the pool,
+        # no context at all.
+        names = [d.name for d in self.drafters]
+        named = [names.index(n) if n in names else None for n in getattr(policy, "context_on", ())]
+        self.context_drafters = named if any(i is not None for i in named) else []
+        self.last_query: QueryState | None = None  # the latest query (its routed drafters, for inspection)
+
+    # -- a query ------------------------------------------------------------------------------------
+    def start(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator | None) -> tuple[QueryState, float, float]:
+        """A new query: its state, its prompt's prefill and routing. Returns the state and the
+        seconds spent on the target (a white-box prefill) and on the drafters (routing, prior)."""
+        self.policy.begin_query()
+        # stopping rules with state (AdaEDL's threshold) start afresh each query, like the learners
+        rules = [make_stop_rule(arm.stop, self.policy.rng) if arm.stop else None for arm in self.arms]
+        routed = [a for a, arm in enumerate(self.arms) if arm.route]
+        query = new_query(list(prompt), settings, generator, [arm.drafter for arm in self.arms], routed, rules)
+        self.last_query = query
+        for drafter in self.drafters:
+            drafter.begin_query(query.context)
+        prefill_s = self.hidden.prefill(query)
+        setup_start = time.perf_counter()
+        if self.policy.full_information or self.policy.prompt_prior > 0:
+            self._route(query, query.unrouted)  # every arm's drafter is needed from round 1
+        if self.policy.prompt_prior > 0 and self.policy.supports_prior:
+            prompt_prior(self.prompt_fit, self.drafters, self.arms, self.policy, query.context, query.arm_drafter,
+                         query.dctx)
+        return query, prefill_s, time.perf_counter() - setup_start
+
+    def run(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator | None) -> QueryOutcome:
+        start = time.perf_counter()
+        query: QueryState | None = None
+        try:
+            query, prefill_s, setup_s = self.start(prompt, settings, generator)
+            while query.stopped_by is None and query.generated < settings.max_new_tokens:
+                record = self.round(query)
+                if len(query.records) == 1:
+                    record.verify_s += prefill_s  # target time spent on the prompt, split off round 1
+                    record.draft_s += setup_s  # drafters scoring the prompt (routing, prompt prior)
+            self.finish(query)
+        except BaseException as error:
+            # A half-done update (an interrupt inside a forward) must not outlive the query: drop
+            # the caches, so the next query starts exact. Ctrl-C keeps what was generated.
+            self.recover()
+            if not isinstance(error, KeyboardInterrupt) or query is None:
+                raise
+            query.stopped_by = "interrupted"
+        wall = time.perf_counter() - start
+        return QueryOutcome(query.context, query.records, query.stopped_by or "max_new_tokens", wall,
+                            self.hidden.extra_target_calls(query.prompt_len))
+
+    def finish(self, query: QueryState) -> None:
+        """The query is over: deliver feedback still pending (when the state outlives the query), and
+        tell the drafters."""
+        if query.pending and getattr(self.policy, "keep", False):
+            evaluation.deliver(self.drafters, self.policy, query)
+        for drafter in self.drafters:
+            drafter.end_query(query.context, query.prompt_len)
+
+    def recover(self) -> None:
+        """Forget every cache an interrupted forward may have left half-updated (target and drafters)."""
+        self.target.reset()
+        for drafter in self.drafters:
+            drafter.recover()
+
+    # -- a round --------------------------------------------------------------------------------------
+    def round(self, query: QueryState) -> RoundRecord:
+        """One round of ``query``: select → draft → verify → accept → feedback. Returns its record
+        (also appended to ``query.records``); sets ``query.stopped_by`` when the query ends here."""
+        clock = time.perf_counter
+        t0 = clock()
+        arm_index = self._select(query)
+        t1 = clock()
+        draft, budget = self._draft(query, arm_index)
+        t2 = clock()
+        verified = self._verify(query, draft)
+        before = len(query.context)
+        new = self._accept(query, arm_index, draft, verified)
+        t3 = clock()
+        record = RoundRecord(
+            index=len(query.records), arm=arm_index, arm_name=self._arm_name(query, arm_index), max_draft=budget,
+            drafted=len(draft.tokens), accepted=min(verified.verdict.accepted, len(new)), emitted=len(new),
+            position=before - query.prompt_len, accept_probs=verified.verdict.accept_probs,
+            draft_s=t2 - t1, verify_s=t3 - t2, policy_s=t1 - t0,
+        )
+        query.records.append(record)
+        self._feedback(query, record, before, new, verified)
+        return record
+
+    def _select(self, query: QueryState) -> int:
+        """1. select an arm (a contextual policy first learns which lookups have a proposal here)."""
+        if self.context_drafters:
+            self.policy.set_context(tuple(
+                i is not None and bool(self.drafters[i].propose(query.context, 1, query.dctx).tokens)
+                for i in self.context_drafters))
+        return self.policy.select()
+
+    def _draft(self, query: QueryState, arm_index: int) -> tuple[Draft, int]:
+        """2. draft, leaving room for the target's own token within max_new_tokens."""
+        arm = self.arms[arm_index]
+        if arm_index in query.unrouted:  # routed when first played (drafters' work: counted as drafting)
+            self._route(query, [arm_index])
+        budget = min(arm.draft_len, query.settings.max_new_tokens - query.generated - 1)
+        drafter = query.arm_drafter[arm_index]
+        if drafter is None or budget <= 0:
+            return Draft([]), budget
+        draft = self.drafters[drafter].propose(query.context, budget, query.dctx, query.rules[arm_index])
+        if draft.parents is not None:  # a tree: its depth (the accepted length) is what the budget bounds
+            return fit_tree(draft, budget), budget
+        if len(draft.tokens) > budget:  # a drafter must not exceed its budget; trim defensively
+            draft = Draft(draft.tokens[:budget], None if draft.probs is None else draft.probs[:budget])
+        return draft, budget
+
+    def _verify(self, query: QueryState, draft: Draft) -> Verified:
+        """3. verify the whole draft (chain or tree) in one target forward; the target's rows come
+        back along the verified path (row j = the target at verified position j)."""
+        sampling, generator = query.settings.sampling, query.dctx.generator
+        if draft.parents is None:
+            logits = self.target.logits(query.context + draft.tokens, len(draft.tokens) + 1)  # (n + 1, V)
+            if sampling.greedy:
+                verdict = verify_greedy(draft.tokens, logits)
+                return Verified(verdict, draft.tokens[: verdict.accepted], logits, None)
+            probs = warp(logits, sampling)
+            verdict = verify_sampling(draft.tokens, draft.probs, probs, generator)
+            return Verified(verdict, draft.tokens[: verdict.accepted], logits, probs)
+        logits = self.target.tree_logits(query.context, draft.tokens, draft.parents)  # (n + 1, V)
+        if sampling.greedy:
+            tree_verdict = verify_tree_greedy(draft.tokens, draft.parents, logits)
+            return Verified(tree_verdict, [draft.tokens[i] for i in tree_verdict.path], logits[tree_verdict.rows], None)
+        probs = warp(logits, sampling)
+        tree_verdict = verify_tree_sampling(draft.tokens, draft.parents, draft.probs, probs, generator)
+        return Verified(tree_verdict, [draft.tokens[i] for i in tree_verdict.path], logits[tree_verdict.rows],
+                        probs[tree_verdict.rows])
+
+    def _accept(self, query: QueryState, arm_index: int, draft: Draft, verified: Verified) -> list[int]:
+        """4. accept: the accepted draft plus the target's token, cut at EOS or a stop string."""
+        verdict = verified.verdict
+        rule = query.rules[arm_index]
+        if rule is not None:
+            rule.after_round(len(draft.tokens), verdict.accepted, verdict.next_token)
+        new = verified.accepted + [verdict.next_token]
+        eos = next((i for i, token in enumerate(new) if token in query.settings.eos_ids), None)
+        if eos is not None:
+            new, query.stopped_by = new[: eos + 1], "eos"
+        before, generated = len(query.context), query.generated
+        query.context.extend(new)
+        check = query.settings.stop_check
+        if check is not None and query.stopped_by is None:
+            keep = check(query.context[query.prompt_len :], len(new))
+            if keep is not None:
+                del query.context[query.prompt_len + keep :]
+                new, query.stopped_by = query.context[before:], "stop_string"
+        del generated
+        self.hidden.share(query)
+        return new
+
+    def _feedback(self, query: QueryState, record: RoundRecord, before: int, new: list[int], verified: Verified) -> None:
+        """5. feedback. Bandit policies learn now; full-information ones once the evaluation phase
+        has scored every drafter on the verified tokens, which they may defer and batch
+        (HedgeSpec's skipping updates): deferred rounds are delivered later, in order."""
+        if self.policy.full_information:
+            evaluation.queue_round(self.drafters, query, record, before, new, verified.logits, verified.target_probs)
+            if self.policy.wants_evaluation(record.index + 1, query.pending_tokens):
+                eval_s, policy_s = evaluation.deliver(self.drafters, self.policy, query)
+                record.eval_s += eval_s
+                record.policy_s += policy_s
+            return
+        start = time.perf_counter()
+        record.reward = self.policy.update(record.arm, record)
+        record.policy_s += time.perf_counter() - start
+
+    # -- routing ------------------------------------------------------------------------------------
+    def _route(self, query: QueryState, arms: list[int]) -> None:
+        prompt = query.context[: query.prompt_len]
+        route(self.prompt_fit, self.drafters, self.arms, prompt, arms, query.arm_drafter, query.dctx)
+        query.unrouted = [a for a in query.unrouted if a not in arms]
+
+    def _arm_name(self, query: QueryState, arm_index: int) -> str:
+        """The arm's name; a routed arm's carries this query's drafter (``auto@4=code``)."""
+        arm = self.arms[arm_index]
+        drafter = query.arm_drafter[arm_index]
+        return f"{arm.name}={self.drafters[drafter].name}" if arm.route and drafter is not None else arm.name

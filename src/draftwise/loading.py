@@ -1,0 +1,88 @@
+"""Loading Hugging Face causal LMs (a local path, a hub id or ``zoo:NAME``) and what their config says."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from draftwise.errors import DraftwiseError
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    def torch_dtype(self) -> torch.dtype:
+        try:
+            return DTYPES[self.dtype]
+        except KeyError:
+            raise DraftwiseError(f"unknown dtype {self.dtype!r}; valid: {', '.join(DTYPES)}") from None
+
+
+def resolve_model_path(name: str) -> str:
+    """Map ``zoo:NAME`` to the embedded zoo's directory; anything else is a local path or hub id."""
+    if name.startswith("zoo:"):
+        from draftwise.zoo import resolve_zoo_name  # the zoo is optional until it is built
+
+        return str(resolve_zoo_name(name))
+    return name
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def _check_location(name: str, path: str) -> None:
+    """A path that is not a directory is an error unless it could be a hub id (``org/model``)."""
+    if os.path.isdir(path):
+        return
+    if os.path.exists(path):
+        raise DraftwiseError(f"model path {name!r} is not a directory (expected a Hugging Face checkpoint folder)")
+    if not _HUB_ID.fullmatch(path):
+        raise DraftwiseError(f"model path {name!r} does not exist")
+
+
+def load_causal_lm(name: str, options: LoadOptions) -> tuple[Any, Any | None]:
+    """Load ``AutoModelForCausalLM`` and (when it has one) its tokenizer from a path or hub id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = os.path.expanduser(resolve_model_path(name))
+    _check_location(name, path)
+    dtype = options.torch_dtype()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        where = "" if os.path.isdir(path) else " (not a local directory, and the hub is unreachable or has no such model)"
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DraftwiseError(f"cannot load model {name!r}{where}: {first}") from None
+    try:
+        model.to(options.device)
+    except (RuntimeError, AssertionError) as exc:
+        raise DraftwiseError(f"cannot move model {name!r} to device {options.device!r}: {exc}") from None
+    model.eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None
+        log.info("model %s has no tokenizer; token ids only", name)
+    return model, tokenizer
+
+
+def context_limit(model: Any) -> int | None:
+    """The longest sequence the model's positions allow (None when unbounded or unknown)."""
+    config = model.config
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
