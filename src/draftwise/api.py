@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 from typing import Any, Sequence
 
 import numpy as np
@@ -47,7 +49,7 @@ class Generator:
     ) -> None:
         self.model = target
         self.tokenizer = tokenizer
-        self.seed = seed
+        self.seed = check_seed(seed)
         self.chat = chat
         self.target = CachedLM(target)
         self.drafters = list(drafters)
@@ -94,6 +96,7 @@ class Generator:
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a prompt (text through the tokenizer, and its chat template when asked)."""
         if isinstance(prompt, str):
+            check_prompt_text(prompt)
             if not prompt.strip():
                 raise DraftwiseError("the prompt is empty")
             if self.tokenizer is None:
@@ -128,7 +131,7 @@ class Generator:
 
         ``truncate`` keeps only the last tokens of a prompt too long for the target's context.
         """
-        sampling = _check_sampling(max_new_tokens, temperature, top_k, top_p)
+        sampling = check_generate_args(max_new_tokens, temperature, top_k, top_p, seed)
         ids = self._fit_context(self.encode(prompt), max_new_tokens, truncate)
         if stop and self.tokenizer is None:
             raise DraftwiseError("stop strings need a tokenizer")
@@ -216,16 +219,48 @@ def arm_settings(
     return pick(arms, preset and preset.arms, policy_arms or "drafters"), settings
 
 
+SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes seeds below 2**64; numpy's generators refuse negatives
+
+
+def check_seed(seed: Any, name: str = "seed") -> int:
+    """A seed every generator accepts: an integer in [0, 2**64)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < SEED_LIMIT:
+        raise DraftwiseError(f"{name} must be an integer in [0, 2**64), got {seed!r}")
+    return int(seed)
+
+
+def check_prompt_text(text: str, where: str = "the prompt") -> str:
+    """Text the tokenizer can encode: no lone surrogates (undecodable bytes smuggled in by
+    Python's surrogateescape, or a JSON ``\\udcff`` escape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise DraftwiseError(f"{where} is not valid Unicode text (undecodable character {text[error.start]!r} at "
+                             f"position {error.start}); pass UTF-8 text") from None
+    return text
+
+
 def _check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> Sampling:
-    if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+    # NaN fails every comparison, so each check is written as "ok" and negated.
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens <= 0:
         raise DraftwiseError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    if temperature < 0:
-        raise DraftwiseError(f"temperature must be ≥ 0 (0 = greedy), got {temperature}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise DraftwiseError(f"top_p must lie in (0, 1], got {top_p}")
-    if top_k is not None and top_k < 1:
-        raise DraftwiseError(f"top_k must be ≥ 1, got {top_k}")
-    return Sampling(temperature=float(temperature), top_k=top_k, top_p=top_p)
+    if not (isinstance(temperature, numbers.Real) and math.isfinite(temperature) and temperature >= 0):
+        raise DraftwiseError(f"temperature must be ≥ 0 and finite (0 = greedy), got {temperature!r}")
+    if top_p is not None and not (isinstance(top_p, numbers.Real) and 0 < top_p <= 1):
+        raise DraftwiseError(f"top_p must lie in (0, 1], got {top_p!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
+        raise DraftwiseError(f"top_k must be an integer ≥ 1, got {top_k!r}")
+    return Sampling(temperature=float(temperature), top_k=None if top_k is None else int(top_k),
+                    top_p=None if top_p is None else float(top_p))
+
+
+def check_generate_args(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
+                        seed: int | None) -> Sampling:
+    """Every numeric argument of :meth:`Generator.generate`, checked before any work (the CLI calls
+    it before loading models); returns the sampling settings."""
+    if seed is not None:
+        check_seed(seed)
+    return _check_sampling(max_new_tokens, temperature, top_k, top_p)
 
 
 def _eos_ids(model: Any, tokenizer: Any | None) -> frozenset[int]:

@@ -131,7 +131,9 @@ class LlamaBank:
         self.eps = config.rms_norm_eps
         self.vocab_size = config.vocab_size
         theta = _rope_theta(config)
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+        device = next(models[0].parameters()).device
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device)
+                                         / self.head_dim))
         self.head_dtype = resolve_head_dtype(head_dtype, next(models[0].parameters()).dtype)
         weights = _stacked_weights(models, self.head_dtype)
         self.embed, self.head, self.final_norm, self.layers = (
@@ -157,7 +159,7 @@ class LlamaBank:
             new[:, :, : self.capacity] = old
         self.keys, self.values, self.capacity = keys, values, capacity
         # rotary tables computed once per capacity, not per forward (a drafted token is ~60 small ops)
-        freqs = torch.outer(torch.arange(capacity, dtype=torch.float32), self.inv_freq)
+        freqs = torch.outer(torch.arange(capacity, dtype=torch.float32, device=self.device), self.inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos, self.sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
@@ -206,7 +208,7 @@ class LlamaBank:
         if positions is None:
             cos, sin = self.cos[start : start + length], self.sin[start : start + length]  # (T, hd)
         else:
-            where = torch.tensor(positions)
+            where = torch.tensor(positions, device=self.device)
             cos, sin = self.cos[where], self.sin[where]
         nh, nkv, hd = self.n_heads, self.n_kv, self.head_dim
         low = self.head_dtype if self.head_dtype != self.dtype and batch * length >= WIDE_ROWS else None
@@ -218,7 +220,9 @@ class LlamaBank:
 
         mask = allowed
         if mask is None and length > 1:  # position i sees the cache and new positions ≤ i
-            mask = torch.ones(length, start + length, dtype=torch.bool).tril(diagonal=start)
+            mask = torch.ones(length, start + length, dtype=torch.bool, device=self.device).tril(diagonal=start)
+        elif mask is not None:
+            mask = mask.to(self.device)
         for i, layer in enumerate(weights["layers"]):
             h = self._rms(x, layer["in_norm"], self.eps)
             qkv = mm(h, layer, "qkv")  # (B, T, (nh + 2 nkv) hd)
@@ -256,7 +260,7 @@ class LlamaBank:
 
     @all_or_nothing
     @torch.inference_mode()
-    def top1_all(self, tokens: Sequence[int], targets: torch.Tensor) -> torch.Tensor:
+    def top1_all(self, tokens: Sequence[int], targets: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """Whether each drafter's top-1 after each of the last ``len(targets)`` positions of ``tokens``
         is the next token (``targets``): (D, len(targets)) bool, synced like :meth:`sync_all`.
 
@@ -267,6 +271,7 @@ class LlamaBank:
         n_out = len(targets)
         x = self.features(slice(None), *self._sync_plan(tokens, n_out), n_out).to(self.head_dtype)
         head = self._weights(slice(None))["head"]
+        targets = torch.as_tensor(targets, device=self.device)
         return torch.stack([top1_hits(x[d] @ head[d], targets) for d in range(self.count)])
 
     def _sync_plan(self, tokens: Sequence[int], n_out: int) -> tuple[list[int], int]:
@@ -334,7 +339,7 @@ class BankLM(TreeCacheMixin):
         return self.bank.forward(self.which, ids, start, n_out, positions, allowed)[0]
 
     def _move(self, sources: list[int], start: int) -> None:
-        index = torch.tensor(sources, dtype=torch.long)
+        index = torch.tensor(sources, dtype=torch.long, device=self.device)
         for buffers in (self.bank.keys, self.bank.values):
             for layer in buffers:
                 layer[self.slot, :, start : start + len(sources)] = layer[self.slot, :, index]

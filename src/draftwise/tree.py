@@ -143,7 +143,7 @@ def ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
     [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
     """
     n = len(parents)
-    out = torch.zeros(n, n, dtype=torch.bool)
+    out = torch.zeros(n, n, dtype=torch.bool, device="cpu")  # built row by row: on the CPU, moved by the caller
     for i, parent in enumerate(parents):
         out[i, i] = True
         if parent != ROOT:  # topological order: the parent's row is complete
@@ -162,9 +162,9 @@ def tree_attention_mask(parents: Sequence[int], cached: int, fresh: int, new_fro
     n = len(parents)
     context = cached + fresh
     queries = fresh + n - new_from
-    mask = torch.zeros(queries, context + n, dtype=torch.bool)
+    mask = torch.zeros(queries, context + n, dtype=torch.bool, device="cpu")  # small: the caller moves it
     if fresh:
-        mask[:fresh, :context] = torch.ones(fresh, context, dtype=torch.bool).tril(diagonal=cached)
+        mask[:fresh, :context] = torch.ones(fresh, context, dtype=torch.bool, device="cpu").tril(diagonal=cached)
     mask[fresh:, :context] = True
     mask[fresh:, context:] = ancestor_matrix(parents)[new_from:]
     return mask
@@ -177,7 +177,7 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.devic
     SDPA path accepts either.
     """
     blocked = torch.finfo(dtype).min
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, blocked)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, blocked)
     return mask[None, None].to(device)
 
 

@@ -2,7 +2,8 @@
 
 Every subcommand lives in its own module of this package exposing ``register(subparsers)``, which adds a parser
 whose ``func(args) -> int`` runs the command. A :class:`DraftwiseError` becomes one line on
-stderr and exit status 2; Ctrl-C exits with 130 after the command has shown what it has.
+stderr and exit status 2; Ctrl-C exits with 130 after the command has shown what it has; a reader
+that closes the pipe early (``draftwise policies | head -3``) ends the command quietly with 141.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from typing import Sequence
 
@@ -68,13 +70,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        return _closed_pipe()
     except DraftwiseError as exc:
         print(f"draftwise {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+# 128 + SIGPIPE: what a shell reports for any Unix tool killed by a closed pipe (`yes | head`, git).
+# Not 0: the output was cut short, and `set -o pipefail` scripts should see that as they would for
+# coreutils; plain pipelines report the last command's status, so `draftwise policies | head` is quiet.
+CLOSED_PIPE_EXIT = 141
+
+
+def _closed_pipe() -> int:
+    """The reader went away: say nothing (the pipe is the only place the user looks) and make the
+    interpreter's final flush of the unwritten buffer go to /dev/null instead of raising again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout without a file descriptor (captured by a test harness)
+        pass
+    return CLOSED_PIPE_EXIT
 
 
 if __name__ == "__main__":

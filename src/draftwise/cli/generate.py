@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from draftwise.errors import DraftwiseError
@@ -64,13 +66,14 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftwise.api import DEFAULT_POLICY, Generator
+    from draftwise.api import DEFAULT_POLICY, Generator, check_generate_args, check_seed
 
-    prompt = args.prompt
-    if prompt is None or prompt == "-":
-        prompt = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
-    if not prompt.strip():
-        raise DraftwiseError("the prompt is empty: pass it as an argument or on stdin")
+    # Everything the user typed is checked before the models load (seconds) and before generating.
+    prompt = read_prompt(args.prompt)
+    check_seed(args.seed, "--seed")
+    check_generate_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p, None)
+    if args.trace:
+        check_output_file(args.trace, "--trace")
     if args.threads is not None:
         if args.threads < 1:
             raise DraftwiseError(f"--threads must be ≥ 1, got {args.threads}")
@@ -88,8 +91,6 @@ def run(args: argparse.Namespace) -> int:
     result = gen.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
                           ignore_eos=args.ignore_eos, truncate=args.truncate)
-    if args.trace:
-        result.write_trace(args.trace)
     if args.json:
         out = result.to_dict()
         keys = ("new_tokens", "rounds", "target_calls", "mat", "acceptance_rate", "tokens_per_s", "wall_s", "pulls",
@@ -99,7 +100,64 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(result.text)
         print(format_stats(result.stats), file=sys.stderr)
+    if args.trace:  # after printing: should the write still fail, the output is not lost
+        try:
+            result.write_trace(args.trace)
+        except OSError as error:
+            raise DraftwiseError(f"--trace: cannot write {args.trace}: {error.strerror or error}") from None
     return 130 if result.stats.stopped_by == "interrupted" else 0
+
+
+def read_prompt(argument: str | None) -> str:
+    """The prompt from the argument, or stdin when it is omitted or '-'; UTF-8 text, not empty."""
+    if argument is None or argument == "-":
+        prompt = _read_stdin()
+    else:
+        prompt = _argument_text(argument)
+    if not prompt.strip():
+        raise DraftwiseError("the prompt is empty: pass it as an argument or on stdin")
+    return prompt
+
+
+def _read_stdin() -> str:
+    if sys.stdin is None or sys.stdin.isatty():
+        return ""
+    raw = getattr(sys.stdin, "buffer", None)
+    if raw is None:  # a text stream without bytes underneath (already decoded)
+        return sys.stdin.read()
+    data = raw.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DraftwiseError(f"stdin is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); "
+                             "pass the prompt as UTF-8") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # the newlines text-mode stdin gave before
+
+
+def _argument_text(argument: str) -> str:
+    """Python hands undecodable argv bytes over as lone surrogates (surrogateescape): name the byte."""
+    try:
+        argument.encode("utf-8")
+        return argument
+    except UnicodeEncodeError as error:
+        try:
+            where = len(os.fsencode(argument[: error.start]))
+            detail = f"byte 0x{os.fsencode(argument)[where]:02x} at offset {where}"
+        except UnicodeEncodeError:  # a lone surrogate that was never a byte (a caller's string)
+            detail = f"character {argument[error.start]!r} at position {error.start}"
+        raise DraftwiseError(f"the prompt argument is not UTF-8 text ({detail}); pass the prompt as UTF-8") from None
+
+
+def check_output_file(path: str, option: str) -> None:
+    """A file we will write later: its folder must exist now, and the path must not be a folder."""
+    target = Path(path)
+    folder = target.parent
+    if not folder.is_dir():
+        raise DraftwiseError(f"{option}: folder {folder} does not exist; create it or pick a file in an existing folder")
+    if target.is_dir():
+        raise DraftwiseError(f"{option}: {target} is a folder; give a file name such as {target / 'trace.jsonl'}")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise DraftwiseError(f"{option}: {target} is not writable")
 
 
 def format_stats(stats: Any) -> str:

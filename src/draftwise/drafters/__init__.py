@@ -16,7 +16,7 @@ import os
 from typing import Any, Sequence
 
 from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter, ModelDrafter, SharedForwards
-from draftwise.drafters.draft_shapes import TreeOptions
+from draftwise.drafters.draft_shapes import TreeOptions, draft_chain, draft_tree
 from draftwise.drafters.lm import LMDrafter
 from draftwise.drafters.stopping import STOP_RULES, StopRule, make_stop_rule
 from draftwise.drafters.prompt_lookup import PromptLookupDrafter
@@ -29,7 +29,7 @@ from draftwise.options import keyword_defaults, split_spec, typed_options
 
 __all__ = ["DRAFTERS", "STOP_RULES", "Draft", "DraftContext", "Drafter", "LMDrafter", "ModelDrafter",
            "PromptLookupDrafter", "SharedForwards", "StopRule", "SuffixDrafter", "TreeOptions", "WhiteBoxDrafter",
-           "build_drafters", "drafter_kinds", "make_stop_rule"]
+           "build_drafters", "draft_chain", "draft_tree", "drafter_kinds", "make_stop_rule"]
 
 WHITE_BOX_KINDS = ("eagle", "medusa")  # spec heads that load a head checkpoint onto the target
 ZOO_HEADS = "zoo:heads"

@@ -159,7 +159,7 @@ class DrafterBank(Protocol):
         """Every member's logits (members, n_out, V) after each of the last ``n_out`` positions."""
         ...
 
-    def top1_all(self, tokens: Sequence[int], targets: torch.Tensor) -> torch.Tensor:
+    def top1_all(self, tokens: Sequence[int], targets: Sequence[int]) -> torch.Tensor:
         """Whether each member's top-1 is the target token, (members, len(targets)) bool."""
         ...
 
@@ -206,7 +206,7 @@ class ModelDrafter(Drafter):
         """Top-1 accuracy on the prompt's last ``window`` tokens from its logits, no target call.
         An LM drafter reads ``lookback`` tokens before the window only; a bank scores every
         member in one batched forward."""
-        targets = torch.tensor(list(prompt[len(prompt) - window :]))
+        targets = list(prompt[len(prompt) - window :])
         seen = prompt[-(window + lookback + 1) :] if self.reads_prompt_tail else prompt
         if self.bank is not None:
             key = ("top1", id(self.bank))
@@ -215,7 +215,7 @@ class ModelDrafter(Drafter):
             hits = shared[key][self.bank_slot]
         else:
             logits = self.next_logits(list(seen[:-1]), window)
-            hits = top1_hits(logits, targets.to(logits.device))
+            hits = top1_hits(logits, torch.tensor(targets, device=logits.device))
         return float(hits.float().mean())
 
     def note_verified(self, context: Sequence[int], verified: Sequence[int], ctx: DraftContext) -> Any:

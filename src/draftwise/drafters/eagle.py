@@ -146,7 +146,7 @@ class EagleDrafter(WhiteBoxDrafter):
     @torch.inference_mode()
     def next_logits(self, context: Sequence[int], n_out: int) -> torch.Tensor:
         if len(context) < 2:
-            return torch.zeros(n_out, self.vocab_size)
+            return torch.zeros(n_out, self.vocab_size, device=self.lm_head.weight.device)
         return self.padded(self.head_logits(self._sync(context, n_out)), n_out)
 
     @torch.inference_mode()

@@ -60,7 +60,7 @@ class MedusaDrafter(WhiteBoxDrafter):
         needed = len(context) - 1
         hidden = self.hidden_for(context, max(needed - n_out, 0), needed)
         if not hidden.numel():
-            return torch.zeros(n_out, self.vocab_size)
+            return torch.zeros(n_out, self.vocab_size, device=self.lm_head.weight.device)
         return self.padded(self.head_logits(self._first(hidden)), n_out)
 
     def _first(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,329 @@
+"""The proposer's logic, free of vLLM: per-request learners fed by each step's outcome.
+
+Every step vLLM reports, per row, the tokens it emitted (the accepted part of the draft proposed
+last step, plus one target token). :meth:`ProposerCore.step`
+
+1. names the rows (vLLM's request ids, or token matching), retires finished requests (their
+   statistics go out, their learner's rounds warm-start the next requests, their response joins
+   the suffix store) and starts new ones;
+2. times the step, fits the step-cost model, and turns each request's outcome into a
+   :class:`~draftwise.trace.RoundRecord` for the draft it proposed the step before;
+3. lets each request's learner pick an arm (mode ``request``) — or one UCBSpec learner pick one
+   draft length for the whole batch (mode ``batch``, BanditSpec §6.2) — and drafts.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from draftwise.arms import Arm
+from draftwise.drafters import DraftContext
+from draftwise.errors import DraftwiseError
+from draftwise.policies import make_policy
+from draftwise.trace import RoundRecord
+from draftwise.vllm.batch_view import BatchView
+from draftwise.vllm.costs import StepCostModel, StepShape, attribute, batch_times, load_bucket
+from draftwise.vllm.options import ProposerOptions
+from draftwise.vllm.pool import DrafterPool, build_templates, default_arms, make_arms, route, stop_rules
+from draftwise.vllm.requests import Pending, RequestState, match_rows
+
+log = logging.getLogger("draftwise.vllm")
+
+STALE_STEPS = 100_000  # a request unseen this long (and never reported finished) is dropped
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the proposer needs from vLLM's configuration."""
+
+    num_speculative_tokens: int
+    max_model_len: int
+    vocab_size: int
+    eos_ids: frozenset[int] = frozenset()
+
+
+class ProposerCore:
+    """Per-request (or batch-level) learning over a drafter pool; see the module docstring."""
+
+    def __init__(self, options: ProposerOptions, facts: EngineFacts, clock: Any = time.perf_counter) -> None:
+        options.validate()
+        self.options, self.facts, self.clock = options, facts, clock
+        self.draft_len = min(options.draft_len or facts.num_speculative_tokens, facts.num_speculative_tokens)
+        if self.draft_len < 1:
+            raise DraftwiseError("num_speculative_tokens must be ≥ 1 for the draftwise proposer")
+        self.pool = DrafterPool(build_templates(options.drafters, facts.vocab_size))
+        drafters = self.pool.templates
+        self.ctx = DraftContext(eos_ids=facts.eos_ids)
+        self.states: dict[str, RequestState] = {}
+        self.costs = StepCostModel()
+        self.last_time: float | None = None
+        self.step_no = 0
+        self.started = 0
+        self.finished: list[dict[str, Any]] = []  # statistics of finished requests (also logged / written)
+        if options.mode == "batch":
+            self._init_batch()
+            return
+        layout = options.arms or default_arms(options.policy, drafters, self.draft_len)
+        self.arms: list[Arm] = make_arms(layout, drafters, self.draft_len)
+        self.learner = make_policy(options.policy, [a.name for a in self.arms], np.random.default_rng(options.seed))
+        if self.learner.full_information:
+            raise DraftwiseError(f"policy {options.policy!r} needs full-information feedback (an evaluation "
+                                 "phase), which the vLLM proposer does not run; use a bandit policy")
+        self.context_drafters = [self._drafter_index(n) for n in self.learner.context_on]
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _init_batch(self) -> None:
+        lengths = self.options.batch_lengths or tuple(range(self.draft_len + 1))
+        if max(lengths) > self.draft_len:
+            raise DraftwiseError(f"batch_lengths {list(lengths)} exceed num_speculative_tokens={self.draft_len}")
+        self.lengths = tuple(sorted(set(lengths)))
+        policy = self.options.policy if self.options.policy != "ctx-ucb" else "ucbspec:reward=throughput"
+        names = [f"len@{n}" for n in self.lengths]
+        self.batch_learner = make_policy(policy, names, np.random.default_rng(self.options.seed))
+        if hasattr(self.batch_learner, "max_draft"):
+            self.batch_learner.max_draft = max(self.lengths)
+        self.batch_pending: Pending | None = None
+        self.arms = []
+
+    def _drafter_index(self, name: str) -> int | None:
+        names = [d.name for d in self.pool.templates]
+        return names.index(name) if name in names else None
+
+    # -- the step ------------------------------------------------------------------------------
+    def step(self, view: BatchView | None, sampled: Sequence[Sequence[int]], num_tokens: Any,
+             token_ids: Any) -> list[list[int]]:
+        now = self.clock()
+        elapsed = None if self.last_time is None else now - self.last_time
+        self.step_no += 1
+        rows = len(sampled)
+        ids = view.req_ids if view is not None else match_rows(self.states, sampled, num_tokens, token_ids)
+        self._retire(view, ids)
+        shape = self._shape(view, ids, sampled, elapsed)
+        live = shape is not None and self.costs.observe(shape)
+        drafts: list[list[int]] = [[] for _ in range(rows)]
+        decode: list[tuple[int, RequestState]] = []
+        verified: list[tuple[int, RequestState, int]] = []  # rows whose last draft was just verified
+        for row in range(rows):
+            state, new = self._follow(view, ids[row], row, sampled[row], num_tokens, token_ids)
+            if state is None:
+                continue
+            decode.append((row, state))
+            if not new:
+                drafted = self._drafted(view, state)
+                state.count(len(sampled[row]), drafted)
+                verified.append((row, state, drafted))
+        if self.options.mode == "batch":
+            self._batch_feedback(view, verified, sampled, shape if live else None)
+            self._batch_draft(decode, drafts)
+        else:
+            for row, state, drafted in verified:
+                self._feedback(state, len(sampled[row]), drafted, shape if live else None)
+            bucket = load_bucket(len(decode))
+            for row, state in decode:
+                drafts[row] = self._draft(state, bucket)
+        self.last_time = self.clock()
+        return drafts
+
+    def _shape(self, view: BatchView | None, ids: Sequence[str], sampled: Sequence[Sequence[int]],
+               elapsed: float | None) -> StepShape | None:
+        """The step just verified: requests, extra tokens, and seconds net of per-request drafting
+        (which each request is charged for itself)."""
+        if elapsed is None:
+            return None
+        drafting = sum(s.pending.draft_s for s in self.states.values() if s.pending is not None)
+        if self.batch_mode_pending_time():
+            drafting += self.batch_pending.draft_s  # type: ignore[union-attr]
+        if view is not None:
+            return StepShape(view.requests, view.extra_tokens, max(elapsed - drafting, 1e-6))
+        extra = sum(self.states[i].pending.drafted for i in ids if i in self.states and self.states[i].pending)
+        return StepShape(len(ids), extra, max(elapsed - drafting, 1e-6))
+
+    def batch_mode_pending_time(self) -> bool:
+        return self.options.mode == "batch" and self.batch_pending is not None
+
+    # -- requests come and go ------------------------------------------------------------------
+    def _retire(self, view: BatchView | None, ids: Sequence[str]) -> None:
+        present = set(ids)
+        if view is not None:
+            gone = [rid for rid in view.finished if rid in self.states and rid not in present]
+            gone += [rid for rid, s in self.states.items()
+                     if rid not in present and self.step_no - s.last_seen > STALE_STEPS]
+        else:
+            gone = [rid for rid in self.states if rid not in present]
+        for rid in dict.fromkeys(gone):
+            self._finish(self.states.pop(rid))
+
+    def _follow(self, view: BatchView | None, rid: str, row: int, emitted: Sequence[int], num_tokens: Any,
+                token_ids: Any) -> tuple[RequestState | None, bool]:
+        """The row's request, its tokens brought up to date, and whether it is new this step;
+        (None, False) while it is still prefilling."""
+        if not emitted:
+            return None, False  # a partial prefill: vLLM drafts nothing for it either
+        n = int(num_tokens[row])
+        state = self.states.get(rid)
+        if state is None:
+            prompt_len = view.prompt_lens[row] if view is not None else n - len(emitted)
+            return self._start(rid, [int(t) for t in token_ids[row, :n]], prompt_len), True
+        state.last_seen = self.step_no
+        if len(state.tokens) + len(emitted) == n:
+            state.tokens.extend(int(t) for t in emitted)
+        else:  # resumed after preemption, or a row we misread: resynchronise, no feedback this step
+            state.tokens = [int(t) for t in token_ids[row, :n]]
+            state.pending = None
+        return state, False
+
+    @staticmethod
+    def _drafted(view: BatchView | None, state: RequestState) -> int:
+        """Draft tokens vLLM verified for the request this step (the scheduler may trim a draft)."""
+        if view is not None:
+            return view.spec_tokens.get(state.req_id, 0)
+        return state.pending.drafted if state.pending is not None else 0
+
+    def _start(self, rid: str, tokens: list[int], prompt_len: int) -> RequestState:
+        prompt = tokens[:prompt_len]
+        state = RequestState(rid, prompt_len, tokens, last_seen=self.step_no)
+        state.drafters = self.pool.for_request(prompt)
+        if self.options.mode == "request":
+            policy = copy.deepcopy(self.learner)
+            policy.rng = np.random.default_rng([self.options.seed, self.started])
+            policy.begin_query()
+            state.policy = policy
+            state.stops = stop_rules(self.arms)
+            for i, arm in enumerate(self.arms):
+                if arm.route:
+                    state.routes[i] = route(state.drafters, arm, prompt)
+        self.started += 1
+        self.states[rid] = state
+        return state
+
+    def _finish(self, state: RequestState) -> None:
+        self.pool.finish(state.tokens, state.prompt_len)
+        if self.options.mode == "request" and self.learner.keep:
+            self._absorb(state)
+        stats = state.stats()
+        self.finished.append(stats)
+        if self.options.log_requests:
+            log.info("draftwise request %s: %s", state.req_id, json.dumps(stats))
+        if self.options.stats_file:
+            with open(self.options.stats_file, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(stats) + "\n")
+
+    def _absorb(self, state: RequestState) -> None:
+        """Cross-request warm start (the policy's ``keep``): replay the finished request's rounds
+        into the template learner, as if the requests had run one after another; new requests
+        start from a copy of it (``begin_query`` applies ``decay``)."""
+        learner = self.learner
+        learner.begin_query()
+        for key, arm, record in state.history:
+            if key is not None:
+                learner.set_context(key)
+            learner.update(arm, record)
+
+    # -- feedback ------------------------------------------------------------------------------
+    def _feedback(self, state: RequestState, emitted: int, drafted: int, shape: StepShape | None) -> None:
+        pending, state.pending = state.pending, None
+        if pending is None or shape is None or not pending.learner:
+            return
+        times = attribute(self.costs.coef, shape, drafted, pending.draft_s, self.options.time_unit)
+        record = state.record(pending, emitted, drafted, times.verify, times.draft)
+        policy = state.policy
+        if pending.key is not None:
+            policy.set_context(pending.key)
+        reward = policy.update(pending.arm, record)
+        record.reward = reward
+        state.rounds += 1
+        state.reward_sum += float(reward or 0.0)
+        if self.learner.keep:
+            state.history.append((pending.key, pending.arm, record))
+
+    # -- drafting ------------------------------------------------------------------------------
+    def _budget(self, state: RequestState, length: int) -> int:
+        return max(0, min(length, self.facts.max_model_len - len(state.tokens) - 1))
+
+    def _propose(self, state: RequestState, index: int, length: int, stop: Any = None) -> list[int]:
+        drafter = state.drafters[index]
+        store = self.pool.stores.get(index)
+        if store is not None:
+            state.suffix_versions[index] = store.sync(drafter, state.suffix_versions.get(index, -1))
+        return list(drafter.propose(state.tokens, length, self.ctx, stop).tokens)[:length]
+
+    def _draft(self, state: RequestState, bucket: int) -> list[int]:
+        start = self.clock()
+        budget = self._budget(state, self.draft_len)
+        if budget == 0:
+            return []
+        policy = state.policy
+        proposals: dict[int, list[int]] = {}
+        key: Any = None
+        if policy.context_on:
+            flags = []
+            for index in self.context_drafters:
+                if index is None:
+                    flags.append(False)
+                    continue
+                proposals[index] = self._propose(state, index, budget)
+                flags.append(bool(proposals[index]))
+            if not any(flags) and all(a.drafter is None or a.drafter in proposals for a in self.arms):
+                return []  # no arm could draft: a plain step, nothing for the learner to learn
+            key = (*flags, bucket) if self.options.load_context else tuple(flags)
+            policy.set_context(key)
+        arm_index = policy.select()
+        arm = self.arms[arm_index]
+        tokens: list[int] = []
+        if arm.drafter is not None:
+            index = state.routes.get(arm_index, arm.drafter)
+            length = min(arm.draft_len, budget)
+            if index in proposals and arm.stop is None:
+                tokens = proposals[index][:length]
+            else:
+                tokens = self._propose(state, index, length, state.stops[arm_index])
+        state.pulls[arm.name] += 1
+        state.pending = Pending(arm_index, arm.name, arm.draft_len, len(tokens), self.clock() - start, key)
+        return tokens
+
+    # -- the batch mode (BanditSpec §6.2) ----------------------------------------------------------
+    def _batch_feedback(self, view: BatchView | None, verified: list[tuple[int, RequestState, int]],
+                        sampled: Sequence[Sequence[int]], shape: StepShape | None) -> None:
+        pending, self.batch_pending = self.batch_pending, None
+        emitted_total, fed = 0, 0
+        for row, state, _ in verified:
+            if state.pending is None:
+                continue
+            emitted_total += len(sampled[row])
+            fed += 1
+            state.pending = None
+        if pending is None or shape is None or fed == 0:
+            return
+        prefill = shape.extra_tokens - sum(view.spec_tokens.values()) if view is not None else 0
+        times = batch_times(self.costs.coef, shape, max(prefill, 0), fed, pending.draft_s, self.options.time_unit)
+        record = RoundRecord(index=self.step_no, arm=pending.arm, arm_name=pending.arm_name,
+                             max_draft=pending.max_draft, drafted=pending.drafted, accepted=0,
+                             emitted=emitted_total, position=0, draft_s=times.draft, verify_s=times.verify)
+        self.batch_learner.update(pending.arm, record)
+
+    def _batch_draft(self, decode: list[tuple[int, RequestState]], drafts: list[list[int]]) -> None:
+        if not decode:
+            return
+        start = self.clock()
+        arm = self.batch_learner.select()
+        length = self.lengths[arm]
+        drafted = 0
+        for row, state in decode:
+            tokens: list[int] = []
+            budget = self._budget(state, length)
+            for index in range(len(state.drafters)) if budget else ():
+                tokens = self._propose(state, index, budget)
+                if tokens:
+                    break
+            drafts[row] = tokens
+            drafted += len(tokens)
+            state.pulls[f"len@{length}"] += 1
+            state.pending = Pending(arm, f"len@{length}", length, len(tokens), 0.0, learner=False)
+        self.batch_pending = Pending(arm, f"len@{length}", length, drafted, self.clock() - start)

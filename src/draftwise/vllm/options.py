@@ -1,0 +1,126 @@
+"""draftwise's own options for the vLLM proposer, and where they come from.
+
+vLLM builds the proposer from ``speculative_config`` alone (``method="custom_class"``), which has
+no room for draftwise's settings, so they travel in an environment variable that the server and
+its worker processes inherit:
+
+* ``DRAFTWISE_VLLM_CONFIG`` — a path to a JSON or TOML file, or an inline JSON object
+  (``'{"policy": "metasd-ucb", "drafters": ["pld", "suffix"]}'``).
+
+Keys (all optional): ``policy`` (a draftwise policy or preset spec, default ``ctx-ucb``),
+``drafters`` (drafter specs, default ``["pld", "suffix"]``), ``arms`` (an arm layout or explicit
+list, default: the policy's own, see :func:`default_arms`), ``draft_len`` (default: vLLM's
+``num_speculative_tokens``, which caps every draft), ``mode`` (``request``: one learner per request,
+the default; ``batch``: BanditSpec §6.2, one draft length for the whole batch chosen by UCBSpec),
+``batch_lengths`` (the batch mode's arms, default ``0..draft_len``), ``load_context`` (add the
+batch-size bucket to contextual learners' context, default true), ``time_unit`` (``plain-step``
+or ``seconds``, see :mod:`draftwise.vllm.costs`), ``seed``, ``stats_file`` (a JSONL file that gets
+one line of statistics per finished request), ``log_requests`` (log that line too, default true).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from draftwise.errors import DraftwiseError
+
+ENV_VAR = "DRAFTWISE_VLLM_CONFIG"
+MODES = ("request", "batch")
+TIME_UNITS = ("plain-step", "seconds")
+DEFAULT_POLICY = "ctx-ucb"
+DEFAULT_DRAFTERS = ("pld", "suffix")
+
+
+@dataclass(frozen=True)
+class ProposerOptions:
+    """Everything draftwise needs besides what vLLM's config says."""
+
+    policy: str = DEFAULT_POLICY
+    drafters: tuple[str, ...] = DEFAULT_DRAFTERS
+    arms: str = ""  # "" = the policy's own layout (default_arms)
+    draft_len: int = 0  # 0 = vLLM's num_speculative_tokens
+    mode: str = "request"
+    batch_lengths: tuple[int, ...] = ()  # () = 0..draft_len
+    load_context: bool = True
+    time_unit: str = "plain-step"
+    seed: int = 0
+    stats_file: str = ""
+    log_requests: bool = True
+    extra: Mapping[str, Any] = field(default_factory=dict)  # unknown keys, rejected by validate()
+
+    def validate(self) -> None:
+        """Raise one :class:`DraftwiseError` naming what is wrong (checked at start-up)."""
+        if self.extra:
+            valid = ", ".join(f.name for f in fields(self) if f.name != "extra")
+            raise DraftwiseError(f"{ENV_VAR}: unknown option(s) {', '.join(sorted(self.extra))}; valid: {valid}")
+        if self.mode not in MODES:
+            raise DraftwiseError(f"{ENV_VAR}: mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.time_unit not in TIME_UNITS:
+            raise DraftwiseError(f"{ENV_VAR}: time_unit must be one of {', '.join(TIME_UNITS)}, got {self.time_unit!r}")
+        if self.draft_len < 0:
+            raise DraftwiseError(f"{ENV_VAR}: draft_len must be ≥ 0 (0 = num_speculative_tokens), got {self.draft_len}")
+        if any(length < 0 for length in self.batch_lengths):
+            raise DraftwiseError(f"{ENV_VAR}: batch_lengths must be ≥ 0, got {list(self.batch_lengths)}")
+        if not self.drafters and self.mode == "batch":
+            raise DraftwiseError(f"{ENV_VAR}: the batch mode needs at least one drafter")
+
+
+def options_from_mapping(raw: Mapping[str, Any]) -> ProposerOptions:
+    """Build options from a parsed JSON/TOML object; unknown keys are kept to be reported."""
+    known = {f.name for f in fields(ProposerOptions)} - {"extra"}
+    values: dict[str, Any] = {k: v for k, v in raw.items() if k in known}
+    extra = {k: v for k, v in raw.items() if k not in known}
+    try:
+        if isinstance(values.get("drafters"), str):
+            values["drafters"] = [values["drafters"]]
+        for key in ("drafters", "batch_lengths"):
+            if key in values:
+                values[key] = tuple(values[key])
+        for key, kind in (("draft_len", int), ("seed", int), ("policy", str), ("arms", str), ("mode", str),
+                          ("time_unit", str), ("stats_file", str)):
+            if key in values:
+                values[key] = kind(values[key])
+        values["batch_lengths"] = tuple(int(x) for x in values.get("batch_lengths", ()))
+        for key in ("load_context", "log_requests"):
+            if key in values and not isinstance(values[key], bool):
+                raise TypeError(f"{key} must be true or false")
+    except (TypeError, ValueError) as exc:
+        raise DraftwiseError(f"{ENV_VAR}: bad option value ({exc})") from None
+    return ProposerOptions(**values, extra=extra)
+
+
+def parse_config_text(text: str, origin: str) -> dict[str, Any]:
+    """A JSON object (or TOML document, for ``*.toml`` origins) → dict, with one clear error."""
+    try:
+        if origin.endswith(".toml"):
+            import tomllib
+
+            data: Any = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except ValueError as exc:
+        raise DraftwiseError(f"{ENV_VAR}: cannot parse {origin}: {exc}") from None
+    if not isinstance(data, dict):
+        raise DraftwiseError(f"{ENV_VAR}: {origin} must hold an object of options, got {type(data).__name__}")
+    return data
+
+
+def load_options(environ: Mapping[str, str] | None = None) -> ProposerOptions:
+    """Options from ``$DRAFTWISE_VLLM_CONFIG`` (a file path or inline JSON); defaults when unset."""
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "").strip()
+    if not value:
+        return ProposerOptions()
+    if value.startswith("{"):
+        raw = parse_config_text(value, "the inline JSON")
+    else:
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise DraftwiseError(f"{ENV_VAR}={value!r}: no such file (give a JSON/TOML file or an inline JSON object)")
+        raw = parse_config_text(path.read_text(encoding="utf-8"), str(path))
+    options = options_from_mapping(raw)
+    options.validate()
+    return options

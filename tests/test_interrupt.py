@@ -1,0 +1,91 @@
+"""An interrupt (Ctrl-C, a timer signal) at any point of a generation leaves the Generator exact:
+its next generation reproduces the reference output token for token."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from draftwise import Generator
+
+
+class Alarm:
+    """Raise KeyboardInterrupt after a delay, once; disarmed before the test inspects anything."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.previous = signal.signal(signal.SIGALRM, self._fire)
+
+    def _fire(self, signum, frame) -> None:
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+
+    def run(self, delay: float, call) -> str:
+        """Run ``call`` with an interrupt due after ``delay`` seconds: how it ended."""
+        outcome = "finished"
+        try:
+            try:
+                self.armed = True
+                signal.setitimer(signal.ITIMER_REAL, delay)
+                result = call()
+                outcome = result.stats.stopped_by
+            finally:
+                self.armed = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except KeyboardInterrupt:
+            outcome = "raised"
+        return outcome
+
+    def close(self) -> None:
+        signal.signal(signal.SIGALRM, self.previous)
+
+
+@pytest.mark.parametrize("drafters,policy", [
+    (["llama-near", "pld"], "ucb"),  # LM drafter on a bank, a lookup, a bandit
+    (["llama-near", "llama-small", "suffix"], "hedgespec"),  # the evaluation phase (batched bank forwards)
+])
+def test_generator_is_exact_after_interrupts_at_random_points(tiny_models, drafters, policy) -> None:
+    specs = [str(tiny_models[d]) if d.startswith("llama") else d for d in drafters]
+    gen = Generator.from_pretrained(str(tiny_models["llama-target"]), drafters=specs, policy=policy)
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 10, 11]
+    reference = Generator.from_pretrained(str(tiny_models["llama-target"]), policy="fixed:none").generate(
+        prompt, max_new_tokens=60, ignore_eos=True).token_ids
+    assert gen.generate(prompt, max_new_tokens=60, ignore_eos=True).token_ids == reference  # warm-up
+    start = time.perf_counter()
+    gen.generate(prompt, max_new_tokens=60, ignore_eos=True)
+    full = time.perf_counter() - start
+    rng = np.random.default_rng(0)
+    alarm = Alarm()
+    outcomes = []
+    try:
+        for _ in range(25):
+            outcomes.append(alarm.run(float(rng.uniform(0.02, 0.95)) * full,
+                                      lambda: gen.generate(prompt, max_new_tokens=60, ignore_eos=True)))
+            again = gen.generate(prompt, max_new_tokens=60, ignore_eos=True)
+            assert again.token_ids == reference, f"after interrupt {len(outcomes)} ({outcomes[-1]})"
+    finally:
+        alarm.close()
+    assert outcomes.count("interrupted") + outcomes.count("raised") >= 15  # most runs were cut short
+
+
+@pytest.mark.parametrize("draft_len", [1, 16])
+def test_stop_string_is_found_however_many_tokens_a_round_emits(tiny_models, draft_len) -> None:
+    """A drafter identical to the target accepts whole 16-token drafts: a stop string completed in the
+    middle of such a round must still end the output there, as it does one token per round."""
+    target = str(tiny_models["llama-target"])
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 10, 11]
+    plain = Generator.from_pretrained(target, policy="fixed:none")
+    reference = plain.generate(prompt, max_new_tokens=60, ignore_eos=True).token_ids
+    words = [plain.tokenizer.decode([t]) for t in reference]
+    # a word first seen well after the start (so that a 16-token round completes it in its middle)
+    position = next(i for i in range(14, 60) if words[i].strip() and words[i] not in words[:i] and i % 17 not in (0, 16))
+    gen = Generator.from_pretrained(target, drafters=[str(tiny_models["llama-twin"])], policy="fixed:0",
+                                    draft_len=draft_len)
+    result = gen.generate(prompt, max_new_tokens=60, ignore_eos=True, stop=[words[position]])
+    assert result.stats.stopped_by == "stop_string"
+    assert result.token_ids == reference[: position + 1]
+    assert result.stats.mat > (4 if draft_len == 16 else 1.5)  # whole drafts were accepted
