@@ -1,6 +1,7 @@
 """How often the prompt fit (each model drafter's top-1 accuracy on the prompt's last WINDOW tokens,
 seeing CONTEXT tokens before them) picks the domain's own specialist, and what it costs, for
-several (WINDOW, CONTEXT) pairs — the routed arm's choice (engine.PROMPT_WINDOW / PROMPT_CONTEXT).
+several (WINDOW, CONTEXT) pairs — the routed arm's choice (``draftwise.engine.PromptFit(window, lookback)``;
+the engine's defaults are PROMPT_WINDOW / PROMPT_LOOKBACK).
 
     python benchmarks/prompt_fit.py --zoo-corpus BUILD
 """
@@ -22,9 +23,9 @@ SPECIALIST = {"general": "generalist"}  # other domains: the drafter named like 
 def main() -> None:
     args = dev_set_parser(__doc__, PER_DOMAIN, THREADS).parse_args()
     prompts = dev_prompts(args, SEED)
-    import draftwise.engine as engine
     from draftwise import Generator
     from draftwise.drafters import DraftContext
+    from draftwise.engine import PromptFit
     from draftwise.verify import Sampling
 
     gen = Generator.from_pretrained("zoo:target", ["zoo:all", "pld"])
@@ -32,15 +33,15 @@ def main() -> None:
     names = [d.name for d in gen.drafters]
     ids = [gen.encode(p.text) for p in prompts]
     ctx = DraftContext(Sampling())
-    gen.engine._prompt_fit(ids[0], list(routed.route), ctx)  # warm-up
+    PromptFit().rates(gen.drafters, ids[0], routed.route, ctx)  # warm-up
     for window, context in PAIRS:
-        engine.PROMPT_WINDOW, engine.PROMPT_CONTEXT = window, context
+        fit = PromptFit(window, context)
         hits, times = 0, []
         for prompt, tokens in zip(prompts, ids):
             for drafter in gen.drafters:
                 drafter.begin_query(tokens)
             start = time.perf_counter()
-            rates = gen.engine._prompt_fit(tokens, list(routed.route), ctx)
+            rates = fit.rates(gen.drafters, tokens, routed.route, ctx)
             times.append(time.perf_counter() - start)
             best = names[max(routed.route, key=lambda i: rates.get(i, 0.0))]
             hits += best == SPECIALIST.get(prompt.domain, prompt.domain)

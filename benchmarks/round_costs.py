@@ -24,22 +24,14 @@ MAX_NEW = 128
 def main() -> None:
     args = dev_set_parser(__doc__, PER_DOMAIN, THREADS).parse_args()
     prompts = dev_prompts(args)
-    import draftwise.drafter_bank as drafter_bank
     from draftwise import Generator
+    from draftwise.drafters import LMDrafter
 
     forwards: dict[str, list[float]] = defaultdict(list)
-
-    def timed(name: str, original):  # record each bank-view call: catch-up (logits) or one drafted token
-        def wrapper(self, tokens, n_out=1):
-            start = time.perf_counter()
-            out = original(self, tokens, n_out)
-            forwards[name].append(time.perf_counter() - start)
-            return out
-        return wrapper
-
-    drafter_bank.BankLM.logits = timed("catch-up forward (logits)", drafter_bank.BankLM.logits)
-    drafter_bank.BankLM.extend = timed("one drafted token (extend)", drafter_bank.BankLM.extend)
     gen = Generator.from_pretrained("zoo:target", ["zoo:all", "pld", "suffix"])
+    for drafter in gen.drafters:  # each LM drafter's cache, timed: catch-up (logits) or one drafted token
+        if isinstance(drafter, LMDrafter):
+            drafter.lm = TimedCache(drafter.lm, forwards)
     gen.generate(prompts[0].text, max_new_tokens=16)  # warm-up
     forwards.clear()
     verify: dict[int, list[float]] = defaultdict(list)
@@ -52,6 +44,28 @@ def main() -> None:
     print("LM drafter forwards in the loop: median ms (calls)")
     for name, times in forwards.items():
         print(f"  {name}: {statistics.median(times) * 1000:.3f} ({len(times)})")
+
+
+class TimedCache:
+    """An LM drafter's token cache whose catch-up forwards and drafted tokens are timed."""
+
+    def __init__(self, inner, forwards: dict[str, list[float]]) -> None:
+        self.inner, self.forwards = inner, forwards
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def _timed(self, name: str, method, *args):
+        start = time.perf_counter()
+        out = method(*args)
+        self.forwards[name].append(time.perf_counter() - start)
+        return out
+
+    def logits(self, tokens, n_out=1):
+        return self._timed("catch-up forward (logits)", self.inner.logits, tokens, n_out)
+
+    def extend(self, new_tokens, n_out=1):
+        return self._timed("one drafted token (extend)", self.inner.extend, new_tokens, n_out)
 
 
 if __name__ == "__main__":
