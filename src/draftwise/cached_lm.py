@@ -156,6 +156,7 @@ class TreeCacheMixin:
     def _grow_tree(self, fresh: list[int], cached: int, tokens: Sequence[int], parents: Sequence[int],
                    n_out: int) -> torch.Tensor:
         tree = self.tree
+        assert tree is not None, "a tree is pending while it grows"
         new_from = len(tree.tokens)
         tree.tokens.extend(tokens)
         tree.parents.extend(parents)
@@ -306,7 +307,8 @@ class CachedLM(TreeCacheMixin):
 
     def _move(self, sources: list[int], start: int) -> None:
         index = torch.tensor(sources, dtype=torch.long, device=self.device)
-        for layer in self.cache.layers:
+        layers: list[Any] = list(self.cache.layers)  # attention layers: keys and values (B, heads, T, d)
+        for layer in layers:
             # gather first: sources and destinations may overlap
             layer.keys[..., start : start + len(sources), :] = layer.keys.index_select(-2, index)
             layer.values[..., start : start + len(sources), :] = layer.values.index_select(-2, index)

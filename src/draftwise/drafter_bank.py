@@ -60,7 +60,7 @@ def _stack(tensors: list[torch.Tensor], transpose: bool = False) -> torch.Tensor
 
 # Stacked weights are read-only: banks over the same models (one per Generator, e.g. one per
 # benchmark method) share them. Keyed weakly by the first model, then by every member's identity.
-_WEIGHTS: "weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], dict[str, Any]]]" = weakref.WeakKeyDictionary()
+_WEIGHTS: "weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], dict[str, Any]]]" = weakref.WeakKeyDictionary()
 
 
 DEFAULT_HEAD_DTYPE = "auto"  # what banks use unless told otherwise (the test suite pins "float32")
@@ -131,6 +131,8 @@ class LlamaBank:
         self.eps = config.rms_norm_eps
         self.vocab_size = config.vocab_size
         theta = _rope_theta(config)
+        if theta is None:
+            raise ValueError("a drafter bank needs default rotary embeddings (see bank_key)")
         device = next(models[0].parameters()).device
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device)
                                          / self.head_dim))

@@ -60,7 +60,7 @@ def load_causal_lm(name: str, options: LoadOptions) -> tuple[Any, Any | None]:
     _check_location(name, path)
     dtype = options.torch_dtype()
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError) as exc:
         where = "" if os.path.isdir(path) else " (not a local directory, and the hub is unreachable or has no such model)"
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

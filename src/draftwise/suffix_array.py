@@ -250,7 +250,7 @@ def greedy_chain(
 
 class Continuation(NamedTuple):
     tokens: tuple[int, ...]
-    count: int  # sampled occurrences followed by these tokens
+    count: int  # type: ignore[assignment]  # sampled occurrences followed by these tokens (shadows tuple.count)
 
 
 def _ranked(counts: dict[tuple[int, ...], int], nodes: int) -> list[tuple[tuple[int, ...], int]]:

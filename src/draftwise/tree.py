@@ -27,9 +27,12 @@ this is the target mass of the children (HedgeSpec Theorem 2).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from draftwise.drafters.base import Draft
 
 from draftwise.errors import DraftwiseError
 
@@ -361,15 +364,16 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def fit_tree(draft: "Draft", max_depth: int) -> "Draft":
+def fit_tree(draft: Draft, max_depth: int) -> Draft:
     """A drafter's tree checked and cut to ``max_depth`` (the round's draft budget); an empty tree is an empty chain."""
     from draftwise.drafters.base import Draft  # drafters import this module
 
-    check_tree(draft.tokens, draft.parents)
+    parents = draft.parents if draft.parents is not None else [ROOT + i for i in range(len(draft.tokens))]
+    check_tree(draft.tokens, parents)
     if not draft.tokens:
         return Draft([])
-    keep = prune_depth(draft.parents, max_depth)
+    keep = prune_depth(parents, max_depth)
     if len(keep) == len(draft.tokens):
         return draft
     probs = None if draft.probs is None else draft.probs[keep]
-    return Draft([draft.tokens[i] for i in keep], probs, select_nodes(draft.parents, keep))
+    return Draft([draft.tokens[i] for i in keep], probs, select_nodes(parents, keep))

@@ -18,17 +18,17 @@ from typing import Any, Sequence
 from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter, ModelDrafter, SharedForwards
 from draftwise.drafters.draft_shapes import TreeOptions, draft_chain, draft_tree
 from draftwise.drafters.lm import LMDrafter
-from draftwise.drafters.stopping import STOP_RULES, StopRule, make_stop_rule
 from draftwise.drafters.prompt_lookup import PromptLookupDrafter
 from draftwise.drafters.retrieval import RetrievalDrafter  # registers `rest`
+from draftwise.drafters.stopping import STOP_RULES, StopRule, make_stop_rule
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.drafters.whitebox import HEAD_KINDS, WhiteBoxDrafter, load_head_drafter
 from draftwise.errors import DraftwiseError
 from draftwise.loading import LoadOptions, load_causal_lm
 from draftwise.options import keyword_defaults, split_spec, typed_options
 
-__all__ = ["DRAFTERS", "STOP_RULES", "Draft", "DraftContext", "Drafter", "LMDrafter", "ModelDrafter",
-           "PromptLookupDrafter", "SharedForwards", "StopRule", "SuffixDrafter", "TreeOptions", "WhiteBoxDrafter",
+__all__ = ["DRAFTERS", "HEAD_KINDS", "STOP_RULES", "Draft", "DraftContext", "Drafter", "LMDrafter", "ModelDrafter",
+           "PromptLookupDrafter", "RetrievalDrafter", "SharedForwards", "StopRule", "SuffixDrafter", "TreeOptions", "WhiteBoxDrafter",
            "build_drafters", "draft_chain", "draft_tree", "drafter_kinds", "make_stop_rule"]
 
 WHITE_BOX_KINDS = ("eagle", "medusa")  # spec heads that load a head checkpoint onto the target

@@ -54,7 +54,7 @@ class DraftContext:
     eos_ids: frozenset[int] = frozenset()
 
 
-class SharedForwards(dict):  # type: ignore[type-arg]
+class SharedForwards(dict[tuple[str, int | str], Any]):
     """Forwards that several drafters share within one scoring pass (routing, one evaluation phase):
     drafters on one bank keep their batched result here, keyed by the bank, so it runs once."""
 

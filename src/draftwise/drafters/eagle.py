@@ -20,12 +20,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftwise.cached_lm import common_prefix_len
 from draftwise.drafters.base import Draft, DraftContext
 from draftwise.drafters.draft_shapes import TreeOptions, draft_chain, draft_tree
 from draftwise.drafters.stopping import StopRule
-from draftwise.drafters.whitebox import (HeadConfig, RMSNorm, RowBuffer, WhiteBoxDrafter, apply_rotary,
-                                         causal_allowed, load_head_weights, register_head_kind, rotary_tables)
-from draftwise.cached_lm import common_prefix_len
+from draftwise.drafters.whitebox import (
+    HeadConfig,
+    RMSNorm,
+    RowBuffer,
+    WhiteBoxDrafter,
+    apply_rotary,
+    causal_allowed,
+    load_head_weights,
+    register_head_kind,
+    rotary_tables,
+)
 from draftwise.tree import ROOT, tree_attention_mask, tree_positions
 
 KV = tuple[torch.Tensor, torch.Tensor]
@@ -162,12 +171,13 @@ class EagleDrafter(WhiteBoxDrafter):
     def _chain_advancer(self, feature: torch.Tensor, position: int):
         """``advance(token)`` for :func:`draft_chain`: the pair (last predicted feature, drafted token),
         the first one right after the context pairs."""
-        state = {"feature": feature, "position": position}
+        last = [feature]  # the latest predicted feature and its position, advanced per drafted token
+        at = [position]
 
         def advance(token: int) -> torch.Tensor:
-            state["feature"] = self._feed(state["feature"][None], [token], [state["position"]], None)[0]
-            state["position"] += 1
-            return self.head_logits(state["feature"])
+            last[0] = self._feed(last[0][None], [token], [at[0]], None)[0]
+            at[0] += 1
+            return self.head_logits(last[0])
 
         return advance
 
@@ -192,5 +202,6 @@ class EagleDrafter(WhiteBoxDrafter):
 @register_head_kind("eagle")
 def load_eagle(folder: Path, config: HeadConfig, target: Any, name: str, source: str,
                tree: TreeOptions | None) -> EagleDrafter:
-    head = load_head_weights(EagleHead(config), folder)
+    head = EagleHead(config)
+    load_head_weights(head, folder)
     return EagleDrafter(head, target, name=name, source=source, tree=tree)

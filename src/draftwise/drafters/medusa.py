@@ -36,6 +36,7 @@ class MedusaHeads(nn.Module):
         self.config = config
         self.blocks = nn.ModuleList(nn.Linear(config.hidden_size, config.hidden_size) for _ in range(config.num_heads))
         for block in self.blocks:
+            assert isinstance(block, nn.Linear)
             nn.init.zeros_(block.weight)
             nn.init.zeros_(block.bias)
 
@@ -98,5 +99,6 @@ def _by_depth(logits: torch.Tensor):
 @register_head_kind("medusa")
 def load_medusa(folder: Path, config: HeadConfig, target: Any, name: str, source: str,
                 tree: TreeOptions | None) -> MedusaDrafter:
-    heads = load_head_weights(MedusaHeads(config), folder)
+    heads = MedusaHeads(config)
+    load_head_weights(heads, folder)
     return MedusaDrafter(heads, target, name=name, source=source, tree=tree)

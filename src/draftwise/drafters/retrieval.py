@@ -21,8 +21,14 @@ from typing import Any, Sequence
 from draftwise.datastore import Datastore
 from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
 from draftwise.errors import DraftwiseError
-from draftwise.suffix_array import (Continuation, Match, continuation_tree, count_prefixes, greedy_chain,
-                                    top_continuations)
+from draftwise.suffix_array import (
+    Continuation,
+    Match,
+    continuation_tree,
+    count_prefixes,
+    greedy_chain,
+    top_continuations,
+)
 
 
 @DRAFTERS.register("rest")

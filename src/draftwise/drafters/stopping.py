@@ -189,8 +189,7 @@ class TokenLevelTapOut(StopRule):
     would have been accepted — reward 1 if not (stopping was right), 0 if so.
     """
 
-    def __init__(self, *, learner: str = "ts-beta", rules: str = "/".join(r for r in (
-            "static", "max-confidence", "svip", "adaedl", "svip-difference", "logit-margin")),
+    def __init__(self, *, learner: str = "ts-beta", rules: str = "static/max-confidence/svip/adaedl/svip-difference/logit-margin",
                  positions: int = 128, rng: Any = None) -> None:
         import numpy as np
 

@@ -83,9 +83,10 @@ class SuffixTrie:
     def _walk(self, path: Sequence[int]) -> TrieNode | None:
         node = self.root
         for token in path:
-            node = node.children.get(token)
-            if node is None:
+            child = node.children.get(token)
+            if child is None:
                 return None
+            node = child
         return node
 
 

@@ -270,9 +270,9 @@ def load_head_drafter(path: str, target: Any, *, kind: str = "", name: str = "",
 
     ``kind`` (eagle / medusa), when given, must match the checkpoint's marker.
     """
-    from draftwise.loading import resolve_model_path
     import draftwise.drafters.eagle  # noqa: F401  (registers the kinds)
     import draftwise.drafters.medusa  # noqa: F401
+    from draftwise.loading import resolve_model_path
 
     folder = Path(resolve_model_path(path)).expanduser()
     config = read_head_config(folder)

@@ -180,6 +180,7 @@ class Engine:
             if sampling.greedy:
                 verdict = verify_greedy(draft.tokens, logits)
                 return Verified(verdict, draft.tokens[: verdict.accepted], logits, None)
+            assert generator is not None, "every sampled query has its generator"
             probs = warp(logits, sampling)
             verdict = verify_sampling(draft.tokens, draft.probs, probs, generator)
             return Verified(verdict, draft.tokens[: verdict.accepted], logits, probs)
@@ -187,6 +188,7 @@ class Engine:
         if sampling.greedy:
             tree_verdict = verify_tree_greedy(draft.tokens, draft.parents, logits)
             return Verified(tree_verdict, [draft.tokens[i] for i in tree_verdict.path], logits[tree_verdict.rows], None)
+        assert generator is not None, "every sampled query has its generator"
         probs = warp(logits, sampling)
         tree_verdict = verify_tree_sampling(draft.tokens, draft.parents, draft.probs, probs, generator)
         return Verified(tree_verdict, [draft.tokens[i] for i in tree_verdict.path], logits[tree_verdict.rows],

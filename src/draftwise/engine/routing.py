@@ -52,8 +52,9 @@ def route(fit: PromptFit, drafters: Sequence[Drafter], arms: Sequence[Arm], prom
         return
     rates = fit.rates(drafters, prompt, sorted({i for a in which for i in arms[a].route}), dctx)
     for a in which:
-        arm_drafter[a] = max(arms[a].route, key=lambda i: rates.get(i, 0.0))  # ties: the first
-        log.debug("arm %s drafts with %s this query", arms[a].name, drafters[arm_drafter[a]].name)
+        best = max(arms[a].route, key=lambda i: rates.get(i, 0.0))  # ties: the first
+        arm_drafter[a] = best
+        log.debug("arm %s drafts with %s this query", arms[a].name, drafters[best].name)
 
 
 def prompt_prior(fit: PromptFit, drafters: Sequence[Drafter], arms: Sequence[Arm], policy: Policy,
@@ -63,12 +64,12 @@ def prompt_prior(fit: PromptFit, drafters: Sequence[Drafter], arms: Sequence[Arm
     rates = fit.rates(drafters, prompt, sorted(i for i in set(arm_drafter) if i is not None), dctx)
     if not rates:
         return
-    by_drafter: dict[int | None, float] = {None: 0.0, **rates}
+    fit_per_arm = [0.0 if d is None else rates[d] for d in arm_drafter]  # no speculation fits nothing
     if policy.full_information:
-        values = [by_drafter[d] for d in arm_drafter]
+        values = fit_per_arm
     else:
-        converted = [reward_from_acceptance(by_drafter[d], policy.reward, max(arm.draft_len, 1))
-                     for d, arm in zip(arm_drafter, arms)]
+        converted = [reward_from_acceptance(fit, policy.reward, max(arm.draft_len, 1))
+                     for fit, arm in zip(fit_per_arm, arms)]
         if any(v is None for v in converted):
             log.info("prompt prior: no acceptance model for reward %r; skipped", policy.reward)
             return

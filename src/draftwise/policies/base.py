@@ -193,11 +193,12 @@ def policy_options(name: str) -> dict[str, Any]:
     # a subclass's default (e.g. ``reward="length"``) wins over its parent's.
     options: dict[str, Any] = {}
     for cls in factory.__mro__:
-        if "__init__" not in vars(cls):
+        init = vars(cls).get("__init__")
+        if init is None:
             continue
-        for key, value in keyword_defaults(cls.__init__, skip=("self", "arms", "rng")).items():
+        for key, value in keyword_defaults(init, skip=("self", "arms", "rng")).items():
             options.setdefault(key, value)
-        if cls is Policy or not _forwards_options(cls.__init__):
+        if cls is Policy or not _forwards_options(init):
             break
     return options
 

@@ -88,7 +88,7 @@ class ContextualUCBPolicy(UCBPolicy):
         if key == self.key:
             return
         self.stored[self.key] = (self.pulls, self.sums, self.t)
-        self.pulls, self.sums, self.t = self.stored.pop(key, None) or self._fresh()
+        self.pulls, self.sums, self.t = self.stored.pop(key) if key in self.stored else self._fresh()
         self.key = key
 
     def decay_state(self, factor: float) -> None:

@@ -24,7 +24,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -46,7 +46,6 @@ from draftwise.zoo.corpus import (
 )
 from draftwise.zoo.tokenizer import EOS, PAD, build_tokenizer, encode_examples
 from draftwise.zoo.train import (
-    ModelShape,
     SpecialIds,
     TrainConfig,
     chunk_stream,
@@ -115,11 +114,14 @@ def environment() -> dict[str, str]:
 
 
 def load_tokenizer(ctx: BuildContext) -> PreTrainedTokenizerFast:
-    return AutoTokenizer.from_pretrained(str(ctx.path("tokenizer")))
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(ctx.path("tokenizer")))
+    return tokenizer
 
 
 def special_ids(tokenizer: PreTrainedTokenizerFast) -> SpecialIds:
-    return SpecialIds(pad=tokenizer.convert_tokens_to_ids(PAD), eos=tokenizer.convert_tokens_to_ids(EOS))
+    pad, eos = tokenizer.convert_tokens_to_ids(PAD), tokenizer.convert_tokens_to_ids(EOS)
+    assert isinstance(pad, int) and isinstance(eos, int), "one token each"
+    return SpecialIds(pad=pad, eos=eos)
 
 
 def concat(token_lists: list[list[int]]) -> np.ndarray:
@@ -258,7 +260,7 @@ def load_teacher(ctx: BuildContext, domains: tuple[str, ...]) -> tuple[torch.Ten
 
 def drafter_plan(budget: BuildBudget) -> dict[str, tuple[tuple[str, ...], TrainConfig]]:
     """Drafter name → (domains it is distilled on, its training schedule)."""
-    plan = {d: ((d,), budget.drafter_train) for d in SPECIALIST_DOMAINS}
+    plan: dict[str, tuple[tuple[str, ...], TrainConfig]] = {d: ((d,), budget.drafter_train) for d in SPECIALIST_DOMAINS}
     general = budget.drafter_train
     steps = int(round(general.steps * budget.generalist_steps_factor))
     plan[GENERALIST] = (

@@ -388,7 +388,10 @@ def pydoc_topics() -> dict[str, str]:
     for node in tree.body:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "topics":
             namespace["topics"] = ast.literal_eval(node.value)
-    return dict(namespace.get("topics", {}))  # type: ignore[arg-type]
+    topics = namespace.get("topics", {})
+    if not isinstance(topics, dict):
+        raise DraftwiseError("zoo corpus: the topics table is not a dict literal")
+    return dict(topics)
 
 
 def chunk_paragraphs(text: str, max_chars: int) -> list[str]:

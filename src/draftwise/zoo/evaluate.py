@@ -21,7 +21,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -85,7 +85,7 @@ def greedy_rounds(match: Sequence[bool], k: int) -> RoundStats:
 
 @torch.no_grad()
 def target_continuations(
-    target: PreTrainedModel, prompts: Sequence[list[int]], max_new_tokens: int, eos: int, pad: int
+    target: Any, prompts: Sequence[list[int]], max_new_tokens: int, eos: int, pad: int
 ) -> list[list[int]]:
     """The target's greedy continuation of each prompt (KV-cached), EOS included when reached."""
     outputs = []
@@ -141,7 +141,7 @@ def evaluate_zoo(
     """
     entries = zoo_entries(models)
     target_entry = next(e for e in entries if e.name == TARGET_NAME)
-    tokenizer = AutoTokenizer.from_pretrained(target_entry.path)
+    tokenizer: Any = AutoTokenizer.from_pretrained(target_entry.path)
     target = load_fp32(target_entry.path)
     drafters = {e.name: load_fp32(e.path) for e in entries if e.role == "drafter"}
     cells: dict[str, dict[str, dict]] = {name: {} for name in drafters}

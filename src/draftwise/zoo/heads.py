@@ -25,8 +25,10 @@ Output folder::
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import operator
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -159,7 +161,8 @@ def eagle_loss(head: EagleHead, embed_weight: torch.Tensor, lm_weight: torch.Ten
     if noise > 0:
         features = features + noise * features.std() * torch.randn(features.shape, generator=generator)
     steps = eagle_unrolled(head, features, data.tokens, embed_weight, unroll)
-    return sum(_step_loss(p, data, s + 1, lm_weight, ce_weight) for s, p in enumerate(steps)) / len(steps)
+    losses = [_step_loss(p, data, s + 1, lm_weight, ce_weight) for s, p in enumerate(steps)]
+    return functools.reduce(operator.add, losses) / len(steps)
 
 
 def eagle_unrolled(head: EagleHead, features: torch.Tensor, tokens: torch.Tensor, embed_weight: torch.Tensor,
@@ -228,7 +231,7 @@ class HeadsContext:
 
 def head_plan(budget: HeadsBudget) -> dict[str, tuple[str, tuple[str, ...], TrainConfig]]:
     """Head name → (kind, domains it trains on, schedule); the generalist first (specialists start from it)."""
-    plan = {GENERALIST: ("eagle", DOMAINS, budget.generalist)}
+    plan: dict[str, tuple[str, tuple[str, ...], TrainConfig]] = {GENERALIST: ("eagle", DOMAINS, budget.generalist)}
     plan.update({f"eagle-{d}": ("eagle", (d,), budget.specialist) for d in SPECIALIST_DOMAINS})
     plan[MEDUSA] = ("medusa", DOMAINS, budget.medusa)
     return plan
@@ -236,7 +239,7 @@ def head_plan(budget: HeadsBudget) -> dict[str, tuple[str, tuple[str, ...], Trai
 
 def head_config(ctx: HeadsContext, kind: str, domains: tuple[str, ...]) -> HeadConfig:
     hidden, vocab = target_dims(ctx.target)
-    extra = dict(target=ctx.target_name, target_fingerprint=lm_head_fingerprint(ctx.target), domains=domains,
+    extra: dict[str, Any] = dict(target=ctx.target_name, target_fingerprint=lm_head_fingerprint(ctx.target), domains=domains,
                  rms_norm_eps=float(getattr(ctx.target.config, "rms_norm_eps", 1e-6)))
     if kind == "eagle":
         return eagle_config(hidden, vocab, intermediate_size=ctx.budget.eagle_intermediate, **extra)
@@ -282,7 +285,7 @@ def train_head(ctx: HeadsContext, name: str, kind: str, domains: tuple[str, ...]
     embed = ctx.target.get_input_embeddings().weight.detach().float()
     lm = ctx.target.get_output_embeddings().weight.detach().float()
 
-    def loss_of_rows(model: torch.nn.Module, index: np.ndarray) -> torch.Tensor:
+    def loss_of_rows(model: Any, index: np.ndarray) -> torch.Tensor:
         batch = data.batch(index)
         if kind == "eagle":
             # the noise is a pure function of the batch (itself a function of seed and step): resuming is exact
