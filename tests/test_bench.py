@@ -325,3 +325,121 @@ def test_ray_code_path_with_a_stub_and_a_clear_error_without_ray(setup, monkeypa
     on_ray = run_bench(config(setup, "stub2", "fixed:pld", ray="auto"))
     assert stub.tasks == len(PROMPTS)  # one shard per prompt here (4 × workers, capped by the prompts)
     assert {r["key"]: r["token_ids"] for r in one.rows} == {r["key"]: r["token_ids"] for r in on_ray.rows}
+
+
+# ----------------------------------------------------------------------------- Ctrl-C, bad input, data paths, router
+
+
+def test_ctrl_c_stops_the_bench_keeps_finished_rows_and_a_rerun_resumes(setup, capsys, monkeypatch):
+    """Ctrl-C mid-generation: the engine returns a result stopped by 'interrupted' (generate's way of
+    keeping partial output); the bench must stop there, write no row for that run, and resume."""
+    from draftwise.drafters.prompt_lookup import PromptLookupDrafter
+
+    original = PromptLookupDrafter.propose
+    calls = {"n": 0}
+
+    def ctrl_c_on_the_twelfth_proposal(self, context, max_len, ctx, stop=None):
+        calls["n"] += 1
+        if calls["n"] == 12:  # inside a timed fixed:pld run after the first prompt's (≤ 2 + 8 proposals)
+            raise KeyboardInterrupt
+        return original(self, context, max_len, ctx, stop)
+
+    monkeypatch.setattr(PromptLookupDrafter, "propose", ctrl_c_on_the_twelfth_proposal)
+    cfg = config(setup, "ctrl-c", "fixed:pld", router_train=None)
+    assert main(cli_args(cfg)) == 130
+    assert "rerun the same command to resume" in capsys.readouterr().err
+    results = Path(cfg.out) / "results.jsonl"
+    lines = results.read_text().splitlines()
+    before = [json.loads(line) for line in lines]  # every line whole
+    assert 0 < len(before) < len(PROMPTS) * 2
+    assert all(row["stopped_by"] != "interrupted" for row in before)
+    assert calls["n"] == 12  # one Ctrl-C stopped the bench: nothing ran after it
+    # a row cut short by an older version, which resumes used to keep forever: run again
+    stale = dict(before[-1], key="prompts.jsonl:4|fixed:pld|0", prompt_id="prompts.jsonl:4", stopped_by="interrupted",
+                 token_ids=[1])
+    with open(results, "a") as handle:
+        handle.write(json.dumps(stale) + "\n")
+    monkeypatch.setattr(PromptLookupDrafter, "propose", original)
+    assert main(cli_args(cfg)) == 0  # the greedy check passes: the cut-short run was redone
+    rows = read_rows(results)
+    assert len(rows) == len(PROMPTS) * 2 and {r["key"] for r in before} <= {r["key"] for r in rows}
+    assert all(row["stopped_by"] != "interrupted" for row in rows)
+
+
+def test_bad_data_creates_no_out_folder_and_keeps_an_existing_one(setup, capsys, tmp_path):
+    out = tmp_path / "new"
+    assert main(["bench", "--out", str(out), "--data", str(tmp_path / "missing.jsonl")]) == 2
+    assert "missing.jsonl not found" in capsys.readouterr().err
+    assert not out.exists()
+    cfg = config(setup, "kept", "fixed:pld", router_train=None)
+    assert main(cli_args(cfg)) == 0
+    before = {p.name: p.read_bytes() for p in Path(cfg.out).iterdir()}
+    assert main(cli_args(replace(cfg, drafters=("nosuchdrafter",)))) == 2  # fails after the prompts load
+    capsys.readouterr()
+    assert {p.name: p.read_bytes() for p in Path(cfg.out).iterdir()} == before
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--temperature", "nan"], "--temperature must be ≥ 0 and finite"),
+    (["--temperature", "inf"], "--temperature must be ≥ 0 and finite"),
+    (["--top-p", "nan"], "--top-p must lie in (0, 1], got nan"),
+    (["--top-k", "0"], "--top-k must be ≥ 1, got 0"),
+    (["--seed", "-1"], "--seed must be an integer in [0, 2**64), got -1"),
+    (["--warmup-tokens", "-1"], "--warmup-tokens must be ≥ 0"),
+])
+def test_bench_refuses_bad_numbers_before_anything(setup, capsys, tmp_path, extra, message):
+    out = tmp_path / "out"
+    assert main(["bench", "--out", str(out), "--data", setup["data"], "--target", str(setup["models"]["llama-target"]),
+                 "--drafter", "pld", "--methods", "fixed:pld", "--quiet", "--no-plots", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_router_without_training_prompts_names_what_is_missing(setup, capsys, monkeypatch, tmp_path):
+    import draftwise.bench.datasets as datasets
+    import draftwise.bench.runner as runner
+
+    monkeypatch.delenv("DRAFTWISE_ZOO_CORPUS", raising=False)
+    monkeypatch.setattr(datasets, "regenerate_zoo_corpus", lambda *args, **kwargs: None)  # no shared datasets
+    monkeypatch.setattr(runner, "shipped_router_path", lambda: tmp_path / "no-router.npz", raising=False)
+    cfg = config(setup, "no-router", "router", router_train=None)
+    assert main(cli_args(cfg)) == 2
+    err = capsys.readouterr().err
+    assert "router" in err and "training prompts" in err and "--router-train" in err, err
+    assert "no prompts: pass --data" not in err  # --data was passed: the prompts are not what is missing
+    assert not Path(cfg.out).exists()
+
+
+def test_the_zoo_ships_a_trained_router_the_bench_uses(setup):
+    from draftwise.bench.router import load_router, save_router
+    from draftwise.bench.runner import bench_router, shipped_router_path
+
+    router, info = bench_router(config(setup, "shipped", "router", router_train=None))
+    assert info["file"] == str(shipped_router_path()) and info["built_with"].startswith("draftwise zoo router")
+    assert info["seed"] == 0 and info["per_label"] == 400 and set(info["hyperparameters"]) >= {"steps", "l2"}
+    assert {"code", "math", "sql", "translation"} <= set(router.labels)
+    assert router.predict(["Write a Python function that returns the square of a number.",
+                           "Translate to German: Good morning."]) == ["code", "translation"]
+    copy_path = Path(setup["root"]) / "router-copy.npz"
+    save_router(router, copy_path, info)
+    again, again_info = load_router(copy_path)
+    assert again.vocabulary == router.vocabulary and again.labels == router.labels and again_info == info
+    assert (again.weights == router.weights).all() and (again.idf == router.idf).all()
+
+
+def test_the_default_data_folder_follows_the_checkout_not_the_cwd(monkeypatch, tmp_path, capsys):
+    import draftwise
+    from draftwise.bench.datasets import default_data_dir, project_root
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DRAFTWISE_DATA", raising=False)
+    checkout = Path(draftwise.__file__).resolve().parents[2]
+    assert project_root() == checkout  # the tests run from a source checkout
+    assert default_data_dir()[0] == checkout.parent / "shared" / "data"
+    monkeypatch.setenv("DRAFTWISE_DATA", str(tmp_path / "my-data"))
+    assert default_data_dir()[0] == tmp_path / "my-data"
+    assert main(["zoo", "build", "--out", str(tmp_path / "build"), "--budget", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert f"data folder {tmp_path / 'my-data'} ($DRAFTWISE_DATA) does not exist" in err, err
+    assert not (tmp_path / "build").exists()

@@ -62,14 +62,15 @@ def test_generator_is_exact_after_interrupts_at_random_points(tiny_models, draft
     alarm = Alarm()
     outcomes = []
     try:
-        for _ in range(25):
-            outcomes.append(alarm.run(float(rng.uniform(0.02, 0.95)) * full,
+        # until 15 generations were cut short (a busy machine stretches some runs past their alarm)
+        while sum(o in ("interrupted", "raised") for o in outcomes) < 15 and len(outcomes) < 80:
+            outcomes.append(alarm.run(float(rng.uniform(0.02, 0.8)) * full,
                                       lambda: gen.generate(prompt, max_new_tokens=60, ignore_eos=True)))
             again = gen.generate(prompt, max_new_tokens=60, ignore_eos=True)
             assert again.token_ids == reference, f"after interrupt {len(outcomes)} ({outcomes[-1]})"
     finally:
         alarm.close()
-    assert outcomes.count("interrupted") + outcomes.count("raised") >= 15  # most runs were cut short
+    assert sum(o in ("interrupted", "raised") for o in outcomes) >= 15
 
 
 @pytest.mark.parametrize("draft_len", [1, 16])

@@ -11,11 +11,11 @@ import numpy as np
 import torch
 
 from draftwise.arms import ArmSettings, build_arms
+from draftwise.cached_lm import CachedLM
+from draftwise.drafter_bank import attach_banks
 from draftwise.drafters import Drafter, build_drafters
 from draftwise.engine import Engine, QuerySettings, StopCheck
 from draftwise.errors import DraftwiseError
-from draftwise.drafter_bank import attach_banks
-from draftwise.cached_lm import CachedLM
 from draftwise.loading import LoadOptions, context_limit, load_causal_lm
 from draftwise.policies import POLICIES, PRESETS, make_policy
 from draftwise.trace import GenerationResult, summarize

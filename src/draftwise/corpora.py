@@ -14,8 +14,6 @@ import numpy as np
 
 from draftwise.errors import DraftwiseError
 
-
-
 CORPUS_FORMATS = ("auto", "text", "jsonl")
 
 

@@ -27,13 +27,11 @@ this is the target mass of the children (HedgeSpec Theorem 2).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 
-if TYPE_CHECKING:
-    from draftwise.drafters.base import Draft
-
+from draftwise.draft import Draft
 from draftwise.errors import DraftwiseError
 
 ROOT = -1
@@ -366,8 +364,6 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 def fit_tree(draft: Draft, max_depth: int) -> Draft:
     """A drafter's tree checked and cut to ``max_depth`` (the round's draft budget); an empty tree is an empty chain."""
-    from draftwise.drafters.base import Draft  # drafters import this module
-
     parents = draft.parents if draft.parents is not None else [ROOT + i for i in range(len(draft.tokens))]
     check_tree(draft.tokens, parents)
     if not draft.tokens:

@@ -157,16 +157,54 @@ def zoo_corpus_candidates(explicit: str | Path | None = None) -> list[Path]:
     return candidates
 
 
-DATA_DIR = Path("../shared/data")  # where a fresh clone finds the shared datasets (CI's layout)
+DATA_ENV = "DRAFTWISE_DATA"  # the shared datasets folder (code_alpaca, spider, gsm8k, …) the zoo is built from
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "draftwise" / "zoo-corpus"
 
 
-def regenerate_zoo_corpus(data: Path = DATA_DIR, cache: Path = CACHE_DIR) -> Path | None:
+def project_root() -> Path | None:
+    """The source checkout this package runs from (the folder holding ``pyproject.toml`` above
+    ``src/draftwise``), or None for an installed copy (site-packages has no such folder)."""
+    package = Path(__file__).resolve().parents[1]  # …/src/draftwise
+    root = package.parent.parent
+    return root if package.parent.name == "src" and (root / "pyproject.toml").is_file() else None
+
+
+def default_data_dir() -> tuple[Path | None, str]:
+    """Where the shared datasets are when ``--data`` is not given, and how that was decided:
+    ``$DRAFTWISE_DATA``, else ``../shared/data`` beside the source checkout (the repository's
+    layout) — never relative to the working directory, which would change with ``cd``."""
+    value = os.environ.get(DATA_ENV)
+    if value:
+        return Path(value), f"${DATA_ENV}"
+    root = project_root()
+    if root is None:
+        return None, "no default outside a source checkout"
+    return root.parent / "shared" / "data", f"the default ../shared/data beside the checkout {root}"
+
+
+def resolve_data_dir(explicit: str | Path | None = None, option: str = "--data") -> Path:
+    """The shared datasets folder: ``explicit``, else :func:`default_data_dir`; it must exist."""
+    folder: Path | None
+    if explicit:
+        folder, origin = Path(explicit), option
+    else:
+        folder, origin = default_data_dir()
+    if folder is None:
+        raise DraftwiseError(f"no data folder: pass {option} DIR or set ${DATA_ENV} to the shared datasets folder "
+                             f"({origin})")
+    if not folder.is_dir():
+        raise DraftwiseError(f"data folder {folder} ({origin}) does not exist; pass {option} DIR or set ${DATA_ENV} "
+                             "to the shared datasets folder")
+    return folder
+
+
+def regenerate_zoo_corpus(data: Path | None = None, cache: Path = CACHE_DIR) -> Path | None:
     """Rebuild the shipped zoo's held-out splits from the datasets, deterministically, into a cache.
 
     The splits are dataset text, so they are never committed: the zoo's manifest records its
     build budget and seed, and the corpus builder reproduces the same dev/test/train examples.
-    None when the zoo or the datasets are absent.
+    ``data``: the shared datasets folder (default: :func:`default_data_dir`). None when the zoo
+    or the datasets are absent.
     """
     try:
         from draftwise.zoo.budgets import BUDGETS
@@ -177,7 +215,8 @@ def regenerate_zoo_corpus(data: Path = DATA_DIR, cache: Path = CACHE_DIR) -> Pat
         budget = BUDGETS.get(budget_name)
     except (ImportError, KeyError, DraftwiseError):
         return None
-    if not data.is_dir():
+    data = data or default_data_dir()[0]
+    if data is None or not data.is_dir():
         return None
     folder = cache / f"{budget_name}-{budget.seed}"
     if not (folder / "DONE").exists():
@@ -188,17 +227,32 @@ def regenerate_zoo_corpus(data: Path = DATA_DIR, cache: Path = CACHE_DIR) -> Pat
     return folder
 
 
-def find_zoo_corpus(explicit: str | Path | None = None, split: str = "dev") -> Path:
+def has_split(folder: Path, split: str) -> bool:
+    return (folder / split).is_dir() and any((folder / split).glob("*.jsonl"))
+
+
+def locate_zoo_corpus(explicit: str | Path | None = None, split: str = "dev") -> Path | None:
+    """The first zoo corpus folder holding ``split``: explicit / $DRAFTWISE_ZOO_CORPUS, one shipped
+    beside the models, else (nothing explicit) one regenerated from the shared datasets; or None."""
     for folder in zoo_corpus_candidates(explicit):
-        if (folder / split).is_dir() and any((folder / split).glob("*.jsonl")):
+        if has_split(folder, split):
             return folder
-    if not explicit and (folder := regenerate_zoo_corpus()) is not None:
+    if not explicit and (rebuilt := regenerate_zoo_corpus()) is not None and has_split(rebuilt, split):
+        return rebuilt
+    return None
+
+
+def find_zoo_corpus(explicit: str | Path | None = None, split: str = "dev") -> Path:
+    """:func:`locate_zoo_corpus`, or one clear error saying where the held-out prompts can come from."""
+    folder = locate_zoo_corpus(explicit, split)
+    if folder is not None:
         return folder
     if explicit:
         raise DraftwiseError(f"no zoo corpus at {explicit}: expected {split}/DOMAIN.jsonl there or under corpus/")
     raise DraftwiseError(
         "no prompts: pass --data FILE, or point --zoo-corpus (or $" + CORPUS_ENV + ") at a zoo build folder "
-        "or its corpus folder (it holds the held-out dev/test splits per domain)"
+        "or its corpus folder (it holds the held-out dev/test splits per domain), or set $" + DATA_ENV + " to the "
+        "shared datasets folder to rebuild them"
     )
 
 

@@ -32,6 +32,7 @@ from draftwise.registry import Registry
 log = logging.getLogger(__name__)
 
 BASELINE = "ar"
+INTERRUPTED = "interrupted"  # stats.stopped_by of a generation Ctrl-C cut short
 BASELINE_POLICIES = ("fixed", "random", "round-robin")  # not learners: left out of ``policies:*``
 GROUPS = ("fixed:*", "hf-assisted:*", "policies:*", "presets:*")
 
@@ -160,6 +161,10 @@ class EngineMethod:
         result = self.generator.generate(ids, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                                          top_k=settings.top_k, top_p=settings.top_p, seed=seed)
         wall = time.perf_counter() - start
+        if result.stats.stopped_by == INTERRUPTED:
+            # The engine keeps a Ctrl-C's partial output for `generate`; for the bench it is a cut-short
+            # run, not a row: raise, so the bench stops and a rerun redoes this run.
+            raise KeyboardInterrupt
         stats = result.stats.to_dict()
         return Output(list(result.token_ids), wall, {k: stats[k] for k in STAT_KEYS}, compact_trace(result.trace))
 

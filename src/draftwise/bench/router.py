@@ -12,10 +12,12 @@ drafter name); :func:`route_table` maps each label to a drafter of the pool.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -27,6 +29,9 @@ MIN_DF = 2  # a feature must occur in ≥ 2 training prompts
 STEPS = 300  # full-batch gradient steps
 LEARNING_RATE = 2.0  # rows are L2-normalised, so the loss is smooth enough for a large step
 L2 = 1e-4  # weight decay
+HYPERPARAMETERS = {"max_features": MAX_FEATURES, "min_df": MIN_DF, "steps": STEPS, "learning_rate": LEARNING_RATE,
+                   "l2": L2}
+ROUTER_FILE = "router.npz"  # the trained router shipped with the zoo (zoo/models/router.npz)
 
 
 def features(text: str) -> list[str]:
@@ -128,3 +133,32 @@ def route_table(labels: Sequence[str], drafters: Sequence[str], label_domains: d
         specialists = [d for d in drafters if tuple(label_domains.get(d, ())) == (label,)]
         table[label] = specialists[0] if specialists else fallback
     return table
+
+
+# ----------------------------------------------------------------------------- a router on disk
+
+
+def save_router(router: Router, path: str | Path, info: dict[str, Any]) -> None:
+    """One compressed ``.npz``: the arrays as trained (float32: predictions equal the trained
+    router's) and ``info``, how it was built, as JSON. No pickles: loads with ``allow_pickle=False``."""
+    terms = sorted(router.vocabulary, key=router.vocabulary.__getitem__)
+    np.savez_compressed(
+        path, terms=np.array(json.dumps(terms)), idf=router.idf, weights=router.weights, bias=router.bias,
+        labels=np.array(json.dumps(router.labels)), info=np.array(json.dumps(info, sort_keys=True)),
+    )
+
+
+def load_router(path: str | Path) -> tuple[Router, dict[str, Any]]:
+    """A router written by :func:`save_router` and the record of how it was built."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            terms = json.loads(str(data["terms"]))
+            router = Router({t: i for i, t in enumerate(terms)}, data["idf"], data["weights"], data["bias"],
+                            json.loads(str(data["labels"])))
+            info = json.loads(str(data["info"]))
+    except (OSError, KeyError, ValueError) as error:
+        raise DraftwiseError(f"router file {path} is unreadable ({error}); rebuild it with "
+                             "`draftwise zoo router`") from None
+    if router.weights.shape != (len(terms), len(router.labels)):
+        raise DraftwiseError(f"router file {path} is inconsistent; rebuild it with `draftwise zoo router`")
+    return router, info

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import multiprocessing as mp
 import os
 import queue as queue_module
@@ -26,15 +27,21 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from draftwise.bench.datasets import (
+    CORPUS_ENV,
+    DATA_ENV,
     Prompt,
     find_zoo_corpus,
+    has_split,
     limit_per_domain,
     load_prompt_files,
+    locate_zoo_corpus,
+    regenerate_zoo_corpus,
+    resolve_data_dir,
     zoo_prompts,
     zoo_training_texts,
 )
 from draftwise.bench.methods import (
-    BASELINE,
+    INTERRUPTED,
     DecodeSettings,
     Workbench,
     build_method,
@@ -139,14 +146,20 @@ def read_rows(path: Path, repair: bool = False) -> list[dict]:
             with open(path, "r+b") as handle:
                 handle.truncate(complete)
     rows: dict[str, dict] = {}
+    cut_short = 0
     for number, line in enumerate(data[:complete].decode("utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
+            if row.get("stopped_by") == INTERRUPTED:  # written by versions that kept Ctrl-C'd runs: redo them
+                cut_short += 1
+                continue
             rows.setdefault(row["key"], row)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise DraftwiseError(f"{path}, line {number}: not a result row; move the file away or use a new --out") from None
+    if cut_short:
+        log.warning("%s: ignoring %d run(s) cut short by Ctrl-C; they run again", path, cut_short)
     return list(rows.values())
 
 
@@ -263,22 +276,111 @@ def encode_prompts(bench: Workbench, prompts: Sequence[Prompt], max_new_tokens: 
     return out
 
 
-def train_bench_router(config: BenchConfig) -> tuple[Any, dict[str, Any]]:
-    """The static router, trained on --router-train (prompt + drafter or domain) or the zoo's train split."""
+def bench_router(config: BenchConfig) -> tuple[Any, dict[str, Any]]:
+    """The static router of method ``router``, from the first source that exists:
+
+    1. ``--router-train FILE`` (prompt + drafter or domain per line), trained now;
+    2. the train split of an explicit zoo corpus (``--zoo-corpus`` / $DRAFTWISE_ZOO_CORPUS), trained now;
+    3. the router shipped with the zoo (``zoo/models/router.npz``, built by ``draftwise zoo router``);
+    4. the zoo corpus's train split regenerated from the shared datasets, trained now.
+    """
     from draftwise.bench.router import train_router
 
     if config.router_train:
         texts, labels = labelled_prompts(config.router_train)
-        source = config.router_train
-    else:
-        folder = find_zoo_corpus(config.zoo_corpus, "train")
-        texts, labels = zoo_training_texts(folder, ROUTER_PER_LABEL, config.seed)
-        source = str(folder / "train")
-    router = train_router(texts, labels, seed=config.seed)
-    info = {"source": source, "examples": len(texts), "labels": router.labels, "seed": config.seed,
-            "train_accuracy": router.accuracy(texts, labels), "features": len(router.vocabulary)}
+        router = train_router(texts, labels, seed=config.seed)
+        return router, router_record(router, texts, labels, config.router_train, config.seed)
+    explicit = config.zoo_corpus or os.environ.get(CORPUS_ENV)
+    folder = locate_zoo_corpus(explicit, "train") if explicit else None
+    if folder is None and (shipped := load_shipped_router()) is not None:
+        return shipped
+    folder = folder or locate_zoo_corpus(None, "train")
+    if folder is None:
+        raise DraftwiseError(
+            "method router: no training prompts for the router (the zoo corpus's train split, train/DOMAIN.jsonl) "
+            f"and no trained router shipped with the zoo ({shipped_router_path()}); pass --router-train FILE "
+            "(JSONL: prompt + drafter or domain per line), point --zoo-corpus at a zoo build or corpus folder with "
+            f"a train split, or set ${DATA_ENV} to the shared datasets folder to rebuild it")
+    return train_zoo_router(folder, config.seed)
+
+
+def train_zoo_router(folder: Path, seed: int) -> tuple[Any, dict[str, Any]]:
+    """The router on up to ``ROUTER_PER_LABEL`` prompts per domain of a zoo corpus's train split."""
+    from draftwise.bench.router import train_router
+
+    texts, labels = zoo_training_texts(folder, ROUTER_PER_LABEL, seed)
+    router = train_router(texts, labels, seed=seed)
+    return router, router_record(router, texts, labels, str(folder / "train"), seed)
+
+
+def router_record(router: Any, texts: Sequence[str], labels: Sequence[str], source: str, seed: int) -> dict[str, Any]:
+    """How a router was trained (env.json, and the shipped router's file)."""
+    from draftwise.bench.router import HYPERPARAMETERS
+
+    info = {"source": source, "examples": len(texts), "labels": router.labels, "seed": seed,
+            "train_accuracy": router.accuracy(texts, labels), "features": len(router.vocabulary),
+            "per_label": ROUTER_PER_LABEL, "hyperparameters": HYPERPARAMETERS}
     log.info("router trained on %d prompts (%s): train accuracy %.3f", len(texts), source, info["train_accuracy"])
-    return router, info
+    return info
+
+
+def shipped_router_path() -> Path:
+    from draftwise.bench.router import ROUTER_FILE
+    from draftwise.zoo.load import shipped_models_dir
+
+    return shipped_models_dir() / ROUTER_FILE
+
+
+def load_shipped_router() -> tuple[Any, dict[str, Any]] | None:
+    """The router shipped with the zoo and its build record, or None when the zoo has none."""
+    from draftwise.bench.router import load_router
+
+    path = shipped_router_path()
+    if not path.is_file():
+        return None
+    router, info = load_router(path)
+    log.info("router: the zoo's shipped %s (%s)", path.name, info.get("built_with", "?"))
+    return router, {**info, "file": str(path)}
+
+
+def build_router_file(data: str | None, zoo_corpus: str | None, seed: int,
+                      out: Path | None = None) -> tuple[Path, dict]:
+    """``draftwise zoo router``: train the zoo's router, deterministically, and write it into the zoo.
+
+    The training prompts are the zoo corpus's train split: an explicit ``zoo_corpus``, else the
+    split regenerated from the shared datasets with the zoo build's budget and seed (the same split
+    every time). Same data + same seed = the same file.
+    """
+    from draftwise.bench.router import save_router
+
+    if zoo_corpus:
+        folder = find_zoo_corpus(zoo_corpus, "train")
+        origin = f"the train split of {folder}"
+    else:
+        rebuilt = regenerate_zoo_corpus(resolve_data_dir(data))
+        if rebuilt is None or not has_split(rebuilt, "train"):
+            raise DraftwiseError("zoo router: cannot rebuild the zoo corpus: the zoo's manifest (zoo.json) names no "
+                                 "build budget; pass --zoo-corpus DIR (a zoo build or corpus folder)")
+        folder = rebuilt
+        origin = ("the zoo corpus's train split, rebuilt from the shared datasets (see data_checksums) with the zoo "
+                  "build's budget and corpus seed (see corpus)")
+    router, info = train_zoo_router(folder, seed)
+    info.update(source=origin, corpus=folder.name, data_checksums=_data_checksums(data, zoo_corpus),
+                built_with=f"draftwise zoo router --seed {seed}")
+    path = out or shipped_router_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_router(router, path, info)
+    return path, info
+
+
+def _data_checksums(data: str | None, zoo_corpus: str | None) -> str | None:
+    """sha256 of the datasets' SHA256SUMS file: names the exact data a router was trained from."""
+    import hashlib
+
+    if zoo_corpus:
+        return None
+    sums = resolve_data_dir(data) / "SHA256SUMS"
+    return hashlib.sha256(sums.read_bytes()).hexdigest() if sums.is_file() else None
 
 
 def labelled_prompts(path: str) -> tuple[list[str], list[str]]:
@@ -351,6 +453,8 @@ def _process_main(shard: Shard, results: Any) -> None:
         for row in run_shard(shard):
             results.put(("row", row))
         results.put(("done", shard.worker))
+    except KeyboardInterrupt:  # Ctrl-C reaches every process of the terminal's group: the parent stops too
+        results.put(("interrupted", shard.worker))
     except DraftwiseError as exc:
         results.put(("error", str(exc)))
     except BaseException as exc:  # noqa: BLE001 — report any crash to the parent, then exit
@@ -387,13 +491,29 @@ def rows_in_processes(shards: Sequence[Shard]) -> Iterator[dict]:
                 yield payload
             elif kind == "done":
                 running -= 1
+            elif kind == "interrupted":
+                raise KeyboardInterrupt
             else:
                 raise DraftwiseError(payload)
+    except KeyboardInterrupt:
+        yield from _finished_rows(results)  # rows the workers finished before the Ctrl-C are kept
+        raise
     finally:
         for p in procs:
             if p.is_alive():
                 p.terminate()
             p.join(timeout=5)
+
+
+def _finished_rows(results: Any, wait_s: float = 0.5) -> Iterator[dict]:
+    """Rows already on their way from the workers (each one a finished run)."""
+    while True:
+        try:
+            kind, payload = results.get(timeout=wait_s)
+        except (queue_module.Empty, OSError, EOFError):
+            return
+        if kind == "row":
+            yield payload
 
 
 def rows_on_ray(shards: Sequence[Shard], address: str) -> Iterator[dict]:
@@ -444,12 +564,11 @@ def run_bench(config: BenchConfig, bench: Workbench | None = None) -> RunResult:
     for spec in config.methods:
         check_method(spec)  # unknown names fail before any model loads
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
     check_resume(out, config)
     prompts = resolve_prompts(config)
     router, router_info = (None, None)
     if "router" in config.methods:
-        router, router_info = train_bench_router(config)
+        router, router_info = bench_router(config)
     bench = bench or load_workbench(config, router)
     bench.router = router
     methods = expand_methods(config.methods, bench.drafter_names, bench.lm_names)
@@ -458,6 +577,9 @@ def run_bench(config: BenchConfig, bench: Workbench | None = None) -> RunResult:
             build_method(bench, spec)  # bad options, unknown drafters: one clear error now, not in a worker
     ids = encode_prompts(bench, prompts, config.max_new_tokens)
     env = environment(config, methods, prompts, router_info, SEED_RULE, bench.drafter_names)
+    # Created only now: bad input found above leaves no empty folder behind (and never touches one
+    # that already held results).
+    make_out_folder(out)
     (out / ENV).write_text(json.dumps(env, indent=2, default=str))
 
     done = {row["key"] for row in read_rows(out / RESULTS, repair=True)}
@@ -499,10 +621,28 @@ def _execute(config: BenchConfig, prompts: list[Prompt], ids: list[list[int]], j
     return written
 
 
+def make_out_folder(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DraftwiseError(f"--out {out}: cannot create the folder ({error.strerror or error})") from None
+
+
 def validate(config: BenchConfig) -> None:
+    """Every option that needs no file or model, checked first (NaN fails every comparison, so
+    each check states what is valid)."""
+    from draftwise.api import SEED_LIMIT
+
+    out = Path(config.out)
     checks = [
+        (not out.exists() or out.is_dir(), f"--out {out} is a file; give a folder (new, or one to resume)"),
         (config.max_new_tokens >= 1, f"--max-new-tokens must be ≥ 1, got {config.max_new_tokens}"),
-        (config.temperature >= 0, f"--temperature must be ≥ 0 (0 = greedy), got {config.temperature}"),
+        (math.isfinite(config.temperature) and config.temperature >= 0,
+         f"--temperature must be ≥ 0 and finite (0 = greedy), got {config.temperature}"),
+        (config.top_p is None or 0 < config.top_p <= 1, f"--top-p must lie in (0, 1], got {config.top_p}"),
+        (config.top_k is None or config.top_k >= 1, f"--top-k must be ≥ 1, got {config.top_k}"),
+        (0 <= config.seed < SEED_LIMIT, f"--seed must be an integer in [0, 2**64), got {config.seed}"),
+        (config.warmup_tokens >= 0, f"--warmup-tokens must be ≥ 0 (0: no warm-up), got {config.warmup_tokens}"),
         (config.repeats >= 1, f"--repeats must be ≥ 1, got {config.repeats}"),
         (config.workers >= 1, f"--workers must be ≥ 1, got {config.workers}"),
         (config.draft_len is None or config.draft_len >= 1, f"--draft-len must be ≥ 1, got {config.draft_len}"),

@@ -71,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         code = int(args.func(args) or 0)
-        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
         return code
     except BrokenPipeError:
         return _closed_pipe()

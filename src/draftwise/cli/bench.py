@@ -1,7 +1,8 @@
 """``draftwise bench``: every method on real prompts, side by side with transformers; tables and plots.
 
 Exit status: 0 when every greedy output equals ``ar``'s, 1 when any differs (a losslessness
-failure: the rows and reports are still written), 2 for bad input.
+failure: the rows and reports are still written), 2 for bad input, 130 after Ctrl-C (finished
+rows kept; rerunning resumes).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from draftwise.bench.runner import DEFAULT_METHODS, DEFAULT_POOL, DEFAULT_TARGET, ZOO_DEV_PER_DOMAIN, BenchConfig
 
 MISMATCH_EXIT = 1
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as for every Ctrl-C of the CLI
 
 
 def register(subparsers: Any) -> None:
@@ -58,7 +60,8 @@ def register(subparsers: Any) -> None:
                    help="zoo build folder or its corpus folder (held-out dev split, router training split); "
                    "default $DRAFTWISE_ZOO_CORPUS, then a corpus shipped with the zoo")
     p.add_argument("--router-train", default=None, metavar="FILE",
-                   help="router training JSONL: prompt + drafter (or domain) per line (default: the zoo train split)")
+                   help="router training JSONL: prompt + drafter (or domain) per line (default: the router "
+                   "shipped with the zoo, else one trained on the zoo corpus's train split)")
     p.add_argument("--warmup-tokens", type=int, default=16, help="length of each method's untimed warm-up run (0: none)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
     p.add_argument("--dtype", default="float32", help="model dtype (default float32)")
@@ -85,12 +88,19 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from draftwise.bench.report import total_mismatches, write_reports
-    from draftwise.bench.runner import run_bench
+    from draftwise.bench.runner import RESULTS, read_rows, run_bench
 
     config = config_from_args(args)
     torch.set_num_threads(config.threads)
-    result = run_bench(config)
     out = Path(config.out)
+    try:
+        result = run_bench(config)
+    except KeyboardInterrupt:
+        # One Ctrl-C stops the whole bench: finished rows are on disk, the cut-short run is not.
+        kept = len(read_rows(out / RESULTS)) if (out / RESULTS).exists() else 0
+        print(f"interrupted: {kept} finished rows kept in {out / RESULTS}; rerun the same command to resume",
+              file=sys.stderr)
+        return INTERRUPTED_EXIT
     full = write_reports(out, result.rows, result.methods, result.env, greedy=config.temperature == 0,
                          plots=not args.no_plots)
     print((out / "summary.md").read_text())

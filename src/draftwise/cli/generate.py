@@ -153,7 +153,8 @@ def check_output_file(path: str, option: str) -> None:
     target = Path(path)
     folder = target.parent
     if not folder.is_dir():
-        raise DraftwiseError(f"{option}: folder {folder} does not exist; create it or pick a file in an existing folder")
+        raise DraftwiseError(f"{option}: folder {folder} does not exist; create it or pick a file in an existing "
+                             "folder")
     if target.is_dir():
         raise DraftwiseError(f"{option}: {target} is a folder; give a file name such as {target / 'trace.jsonl'}")
     if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from typing import Any
 
 from draftwise.errors import DraftwiseError
@@ -63,14 +64,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.scenario:
         raise DraftwiseError("give --scenario NAME (or --list to see them)")
+    check_numbers(args)
     scenario = get_scenario(args.scenario)
     if args.rho is not None:
-        if not 0.0 <= args.rho < 1.0:
-            raise DraftwiseError(f"--rho must be in [0, 1), got {args.rho}")
         scenario = dataclasses.replace(scenario, rho=args.rho)
     if args.kappa is not None:
-        if args.kappa <= 0:
-            raise DraftwiseError(f"--kappa must be > 0, got {args.kappa}")
         scenario = dataclasses.replace(scenario, kappa=args.kappa)
     policies = split_policies(args.policies) if args.policies else None
     result = simulate(scenario, policies, seeds=args.seeds, queries=args.queries, tokens=args.tokens,
@@ -80,6 +78,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_table(result))
     return 0
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Each numeric option states what is valid (written as "ok" tests: NaN fails every comparison)."""
+    from draftwise.api import SEED_LIMIT
+
+    checks = [
+        (args.seeds >= 1, f"--seeds must be ≥ 1, got {args.seeds}"),
+        (args.first_seed >= 0 and args.first_seed + args.seeds <= SEED_LIMIT,
+         f"--first-seed must be ≥ 0 (and the last seed below 2**64), got {args.first_seed}"),
+        (args.queries is None or args.queries >= 1, f"--queries must be ≥ 1, got {args.queries}"),
+        (args.tokens is None or args.tokens >= 1, f"--tokens must be ≥ 1, got {args.tokens}"),
+        (args.median_tokens is None or (math.isfinite(args.median_tokens) and args.median_tokens > 0),
+         f"--median-tokens must be a finite number > 0, got {args.median_tokens}"),
+        (args.rho is None or 0.0 <= args.rho < 1.0, f"--rho must be in [0, 1), got {args.rho}"),
+        (args.kappa is None or (math.isfinite(args.kappa) and args.kappa > 0),
+         f"--kappa must be a finite number > 0, got {args.kappa}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise DraftwiseError(message)
 
 
 def format_table(result: dict[str, Any]) -> str:

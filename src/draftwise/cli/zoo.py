@@ -48,7 +48,7 @@ def build_action(args: argparse.Namespace) -> int:
 
     add_log_file(args.log)
     models = run_build(
-        Path(args.data), Path(args.out), args.budget, until=args.until, progress=not args.quiet, threads=args.threads
+        data_dir(args), Path(args.out), args.budget, until=args.until, progress=not args.quiet, threads=args.threads
     )
     print(f"zoo built under {models}")
     return 0
@@ -85,12 +85,13 @@ def heads_action(args: argparse.Namespace) -> int:
 
     add_log_file(args.log)
     budget = HEADS_BUDGETS.get(args.budget)
+    data = data_dir(args)  # before loading anything: a missing folder is one clear error now
     target, tokenizer = load_causal_lm(args.target, LoadOptions())
     if tokenizer is None:
         from draftwise.errors import DraftwiseError
 
         raise DraftwiseError(f"zoo heads: target {args.target!r} has no tokenizer to encode the corpus")
-    heads = run_heads(target, args.target, lambda: corpus_streams(Path(args.data), tokenizer, budget.corpus_budget),
+    heads = run_heads(target, args.target, lambda: corpus_streams(data, tokenizer, budget.corpus_budget),
                       Path(args.out), budget.name, progress=not args.quiet, threads=args.threads)
     print(f"heads trained under {heads}")
     if args.install:
@@ -99,8 +100,30 @@ def heads_action(args: argparse.Namespace) -> int:
     return 0
 
 
+@action("router")
+def router_action(args: argparse.Namespace) -> int:
+    from draftwise.api import check_seed
+    from draftwise.bench.runner import build_router_file
+
+    seed = check_seed(args.seed, "--seed")
+    path, info = build_router_file(args.data, args.zoo_corpus, seed, Path(args.out) if args.out else None)
+    print(f"router written to {path}: {info['examples']} prompts, labels {', '.join(info['labels'])}, "
+          f"train accuracy {info['train_accuracy']:.3f}, {info['features']} features")
+    return 0
+
+
+def data_dir(args: argparse.Namespace) -> Path:
+    """--data, else $DRAFTWISE_DATA, else ../shared/data beside the source checkout (not the cwd)."""
+    from draftwise.bench.datasets import resolve_data_dir
+
+    return resolve_data_dir(args.data)
+
+
+DATA_HELP = "the shared datasets folder (default: $DRAFTWISE_DATA, else ../shared/data beside the source checkout)"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("zoo", help="the embedded model zoo: list, build, eval, install")
+    parser = subparsers.add_parser("zoo", help="the embedded model zoo: list, build, eval, install, heads, router")
     sub = parser.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND", required=True)
 
     p = sub.add_parser("list", help="show zoo models: names, roles, domains, sizes")
@@ -108,7 +131,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = sub.add_parser("build", help="build the zoo from the shared datasets (resumes if interrupted)")
-    p.add_argument("--data", default="../shared/data", help="the shared/data folder (default ../shared/data)")
+    p.add_argument("--data", default=None, help=DATA_HELP)
     p.add_argument("--out", required=True, help="build folder (corpus, checkpoints, models)")
     p.add_argument("--budget", default="full", help="full or tiny (a quick test build)")
     p.add_argument("--until", help="stop after this stage (corpus, tokenizer, tokens, target, teacher, drafters)")
@@ -122,8 +145,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("heads", help="train white-box heads (EAGLE, Medusa) on the zoo target (resumes if interrupted)")
     p.add_argument("--target", default="zoo:target", help="the target: zoo:target or its checkpoint folder")
-    p.add_argument("--data", default="../shared/data",
-                   help="the shared/data folder, or a zoo build folder whose corpus to reuse")
+    p.add_argument("--data", default=None, help=DATA_HELP + ", or a zoo build folder whose corpus to reuse")
     p.add_argument("--out", required=True, help="output folder (hidden states, checkpoints, heads)")
     p.add_argument("--budget", default="full", help="full (≈ 40 min on 2 cores) or tiny (a quick test run)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
@@ -131,6 +153,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--models", help="zoo folder to install into (default: the package's)")
     p.add_argument("--log", help="also append progress logs to this file")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    p = sub.add_parser("router", help="train the bench's prompt router and ship it with the zoo (deterministic)",
+                       description="Train the TF-IDF + logistic-regression router of `draftwise bench --methods "
+                       "router` on the zoo corpus's train split (400 prompts per domain, rebuilt from the shared "
+                       "datasets with the zoo build's budget and seed) and write it, with a record of how it was "
+                       "built, to the package's zoo/models/router.npz. Same data and seed give the same file.")
+    p.add_argument("--data", default=None, help=DATA_HELP)
+    p.add_argument("--zoo-corpus", default=None, metavar="DIR",
+                   help="train on this zoo build or corpus folder's train split instead of rebuilding it from --data")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt sample and the weights' init (default 0)")
+    p.add_argument("--out", default=None, help="write here instead of the package's zoo/models/router.npz")
 
     p = sub.add_parser("eval", help="acceptance rate and MAT of every drafter on every domain's dev split")
     p.add_argument("--build", required=True, help="the build folder (for its held-out splits)")

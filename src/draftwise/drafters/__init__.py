@@ -23,6 +23,7 @@ from draftwise.drafters.retrieval import RetrievalDrafter  # registers `rest`
 from draftwise.drafters.stopping import STOP_RULES, StopRule, make_stop_rule
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.drafters.whitebox import HEAD_KINDS, WhiteBoxDrafter, load_head_drafter
+from draftwise.drafters import eagle, medusa  # noqa: F401, I001  (register the head kinds)
 from draftwise.errors import DraftwiseError
 from draftwise.loading import LoadOptions, load_causal_lm
 from draftwise.options import keyword_defaults, split_spec, typed_options

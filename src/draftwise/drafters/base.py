@@ -17,41 +17,19 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import torch
 
+from draftwise.draft import Draft, DraftContext
+from draftwise.drafters.draft_shapes import TreeOptions, counterfactual_acceptance
 from draftwise.registry import Registry
 from draftwise.verify import Sampling, top1_hits
 
 if TYPE_CHECKING:
     from typing import Self
 
-    from draftwise.drafters.draft_shapes import TreeOptions
-
-
-@dataclass
-class Draft:
-    """A chain of draft tokens, or a tree when ``parents`` is given (:mod:`draftwise.tree`).
-
-    In a tree, ``parents[i]`` is node i's parent (−1 = the context), nodes in topological order,
-    and ``probs[i]`` the distribution node i was drawn from given its earlier siblings.
-    """
-
-    tokens: list[int]
-    probs: torch.Tensor | None = None  # (len(tokens), V) warped proposal distribution; None = point mass
-    parents: list[int] | None = None  # None = a chain
-
-
-
-@dataclass
-class DraftContext:
-    """What a drafter may use besides the token context: sampling settings and the query's RNG."""
-
-    sampling: Sampling = field(default_factory=Sampling)
-    generator: torch.Generator | None = None
-    eos_ids: frozenset[int] = frozenset()
+__all__ = ["DRAFTERS", "Draft", "DraftContext", "Drafter", "DrafterBank", "ModelDrafter", "SharedForwards"]
 
 
 class SharedForwards(dict[tuple[str, int | str], Any]):
@@ -226,8 +204,6 @@ class ModelDrafter(Drafter):
         """Chain (width 1): greedy 1[argmax q = argmax p], sampling 1 − TV(p, q); a tree's first
         level as point masses (see :func:`~draftwise.drafters.draft_shapes.counterfactual_acceptance`).
         One short forward over all pending positions."""
-        from draftwise.drafters.draft_shapes import counterfactual_acceptance
-
         q_logits = self.shared_logits(prefix, len(choice), shared)  # (T, V)
         key = ("choice", str(q_logits.device))
         if key not in shared:  # the target's argmax as a tensor, made once per phase

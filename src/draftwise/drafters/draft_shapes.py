@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from draftwise.drafters.base import Draft, DraftContext
+from draftwise.draft import Draft, DraftContext
 from draftwise.drafters.stopping import StopRule
 from draftwise.errors import DraftwiseError
 from draftwise.tree import ROOT, CandidateTree, parse_shape

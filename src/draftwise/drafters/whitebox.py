@@ -253,7 +253,9 @@ class WhiteBoxDrafter(ModelDrafter):
 
 
 HeadFactory = Callable[..., WhiteBoxDrafter]
-HEAD_KINDS: dict[str, HeadFactory] = {}  # kind → loader(folder, config, target, name, source, tree)
+# kind → loader(folder, config, target, name, source, tree); eagle.py and medusa.py register theirs
+# (draftwise.drafters imports them, so any import of this package has them)
+HEAD_KINDS: dict[str, HeadFactory] = {}
 
 
 def register_head_kind(kind: str) -> Callable[[HeadFactory], HeadFactory]:
@@ -270,8 +272,6 @@ def load_head_drafter(path: str, target: Any, *, kind: str = "", name: str = "",
 
     ``kind`` (eagle / medusa), when given, must match the checkpoint's marker.
     """
-    import draftwise.drafters.eagle  # noqa: F401  (registers the kinds)
-    import draftwise.drafters.medusa  # noqa: F401
     from draftwise.loading import resolve_model_path
 
     folder = Path(resolve_model_path(path)).expanduser()

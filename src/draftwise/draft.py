@@ -1,0 +1,32 @@
+"""A draft — a chain of tokens or a tree — and what a drafter may use besides the token context."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from draftwise.verify import Sampling
+
+
+@dataclass
+class Draft:
+    """A chain of draft tokens, or a tree when ``parents`` is given (:mod:`draftwise.tree`).
+
+    In a tree, ``parents[i]`` is node i's parent (−1 = the context), nodes in topological order,
+    and ``probs[i]`` the distribution node i was drawn from given its earlier siblings.
+    """
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None  # (len(tokens), V) warped proposal distribution; None = point mass
+    parents: list[int] | None = None  # None = a chain
+
+
+
+@dataclass
+class DraftContext:
+    """What a drafter may use besides the token context: sampling settings and the query's RNG."""
+
+    sampling: Sampling = field(default_factory=Sampling)
+    generator: torch.Generator | None = None
+    eos_ids: frozenset[int] = frozenset()

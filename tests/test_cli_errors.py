@@ -1,0 +1,124 @@
+"""Bad input found by trying the product as a demanding user: one clear line on stderr and exit 2
+(never a traceback), checked before any work; closed pipes end a command quietly."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from draftwise.cli import main
+from draftwise.errors import DraftwiseError
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_clear_error(code: int, err: str, message: str) -> None:
+    assert code == 2, err
+    assert message in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+# ----------------------------------------------------------------------------- generate
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--temperature", "nan"], "temperature must be ≥ 0 and finite (0 = greedy), got nan"),
+    (["--temperature", "inf"], "temperature must be ≥ 0 and finite (0 = greedy), got inf"),
+    (["--seed", "-1"], "--seed must be an integer in [0, 2**64), got -1"),
+    (["--seed", str(2**64)], f"--seed must be an integer in [0, 2**64), got {2**64}"),
+    (["--top-p", "nan"], "top_p must lie in (0, 1], got nan"),
+    (["--top-k", "0"], "top_k must be an integer ≥ 1, got 0"),
+    (["--max-new-tokens", "-3"], "max_new_tokens must be a positive integer, got -3"),
+    (["--trace", "/nonexistent-draftwise-dir/t.jsonl"], "--trace: folder /nonexistent-draftwise-dir does not exist"),
+])
+def test_generate_refuses_bad_numbers_and_paths_before_loading(tiny_models, capsys, monkeypatch, extra, message):
+    import draftwise.api
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the models were loaded before the input was checked")
+
+    monkeypatch.setattr(draftwise.api.Generator, "from_pretrained", no_loading)
+    code, _, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), *extra, "the cat")
+    _one_clear_error(code, err, message)
+
+
+def test_trace_into_a_folder_path_is_refused(tiny_models, capsys, tmp_path):
+    code, _, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), "--trace", str(tmp_path),
+                        "the cat")
+    _one_clear_error(code, err, "is a folder")
+
+
+def test_non_utf8_stdin_and_argument(tiny_models, capsys, monkeypatch):
+    target = str(tiny_models["llama-target"])
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"\xff\xfe")))  # printf '\xff\xfe' | draftwise …
+    code, _, err = _run(capsys, "generate", "--target", target)
+    _one_clear_error(code, err, "stdin is not UTF-8 text (byte 0xff at offset 0)")
+    # what Python makes of the argv bytes b"the \xff cat" (surrogateescape)
+    argument = b"the \xff cat".decode("utf-8", "surrogateescape")
+    code, _, err = _run(capsys, "generate", "--target", target, argument)
+    _one_clear_error(code, err, "the prompt argument is not UTF-8 text (byte 0xff at offset 4)")
+
+
+def test_utf8_stdin_still_works(tiny_models, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("the cat — sat\r\n".encode())))
+    code, out, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), "--max-new-tokens", "2",
+                          "--json")
+    assert code == 0, err
+    assert json.loads(out)["stats"]["new_tokens"] <= 2
+
+
+def test_library_refuses_bad_sampling_seeds_and_text(tiny_models):
+    from draftwise import Generator
+
+    gen = Generator.from_pretrained(str(tiny_models["llama-target"]), policy="fixed")
+    for kwargs, message in [({"temperature": math.nan}, "temperature"), ({"temperature": math.inf}, "temperature"),
+                            ({"top_p": math.nan}, "top_p"), ({"seed": -1}, "seed"), ({"seed": 2**64}, "seed"),
+                            ({"max_new_tokens": 2.5}, "max_new_tokens")]:
+        with pytest.raises(DraftwiseError, match=message):
+            gen.generate("the cat", **kwargs)
+    with pytest.raises(DraftwiseError, match="not valid Unicode text"):
+        gen.generate("the \udcff cat")
+    with pytest.raises(DraftwiseError, match="seed must be an integer"):
+        Generator(gen.model, gen.tokenizer, [], policy="fixed", seed=-1)
+    assert gen.generate("the cat", max_new_tokens=2, seed=2**64 - 1).stats.new_tokens <= 2  # the largest seed works
+
+
+# ----------------------------------------------------------------------------- sim
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--kappa", "nan"], "--kappa must be a finite number > 0, got nan"),
+    (["--kappa", "inf"], "--kappa must be a finite number > 0, got inf"),
+    (["--first-seed", "-1"], "--first-seed must be ≥ 0"),
+    (["--queries", "0"], "--queries must be ≥ 1, got 0"),
+    (["--median-tokens", "nan"], "--median-tokens must be a finite number > 0, got nan"),
+    (["--median-tokens", "-5"], "--median-tokens must be a finite number > 0, got -5.0"),
+    (["--rho", "nan"], "--rho must be in [0, 1), got nan"),
+])
+def test_sim_refuses_bad_numbers(capsys, extra, message):
+    code, _, err = _run(capsys, "sim", "--scenario", "hedgespec-llama", "--seeds", "1", "--queries", "5", *extra)
+    _one_clear_error(code, err, message)
+
+
+# ----------------------------------------------------------------------------- closed pipes
+
+
+@pytest.mark.parametrize("argv", [["sim", "--list"], ["policies"]])
+def test_a_closed_pipe_ends_the_command_quietly(argv):
+    """`draftwise sim --list | head -2`: the reader is gone before the command writes."""
+    script = "import sys; from draftwise.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", script, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # closed before the child has started: its first write meets a closed pipe
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=120) == 141, err
+    assert err == ""
