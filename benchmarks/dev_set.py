@@ -13,7 +13,8 @@ def dev_set_parser(doc: str | None, per_domain: int, threads: int = 1) -> argpar
     """A parser with ``--per-domain``, ``--zoo-corpus`` and ``--threads``; scripts add their own options."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--per-domain", type=int, default=per_domain)
-    parser.add_argument("--zoo-corpus", default=None, help="zoo build folder (its dev split); default: found as bench does")
+    parser.add_argument("--zoo-corpus", default=None,
+                        help="zoo build folder (its dev split); default: found as bench does")
     parser.add_argument("--threads", type=int, default=threads)
     return parser
 

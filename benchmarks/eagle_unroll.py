@@ -21,13 +21,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from conftest import build_models  # noqa: E402  (the tests' tiny models)
+from conftest import build_models  # the tests' tiny models
 
-from draftwise import Generator  # noqa: E402
-from draftwise.drafters.eagle import EagleDrafter, EagleHead, eagle_config  # noqa: E402
-from draftwise.drafters.whitebox import target_dims  # noqa: E402
-from draftwise.loading import LoadOptions, load_causal_lm  # noqa: E402
-from draftwise.zoo.heads import collect_hidden, eagle_loss  # noqa: E402
+from draftwise import Generator
+from draftwise.drafters.eagle import EagleDrafter, EagleHead, eagle_config
+from draftwise.drafters.whitebox import target_dims
+from draftwise.loading import LoadOptions, load_causal_lm
+from draftwise.zoo.heads import collect_hidden, eagle_loss
 
 # defaults, one line each
 STEPS = 300  # full-batch training steps per head

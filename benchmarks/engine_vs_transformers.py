@@ -87,7 +87,7 @@ def main() -> None:
     hf_logging.set_verbosity_error()
     tmp = tempfile.TemporaryDirectory()
     target_path, drafter_path = (args.target, args.drafter) if args.target else _one_drafter(Path(tmp.name))
-    target, tokenizer = load_causal_lm(target_path, LoadOptions())
+    target, _ = load_causal_lm(target_path, LoadOptions())
     drafter, _ = load_causal_lm(drafter_path, LoadOptions())
     plain = Generator.from_pretrained(target_path, [], policy="fixed:none")
     spec = Generator.from_pretrained(target_path, [drafter_path], policy="fixed:0", draft_len=args.draft_len)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -43,9 +43,10 @@ def check_hedgespec(seeds: int) -> list[str]:
     ok = nh >= 0.93 * oracle and nh >= 1.15 * us and us > rnd
     return [
         f"- hedgespec-llama (log-normal lengths, median 300, cap 1024; {res['queries']} queries/seed): "
-        f"oracle MAT {oracle:.2f}; NormalHedge {_pm(p['normalhedge'], 'mat')} = **{nh / oracle:.3f}× oracle** (target ≥ 0.93) "
-        f"and **{nh / us:.2f}× UCBSpec** {_pm(p['ucbspec'], 'mat')} (target ≥ 1.15); UCBSpec vs uniform random "
-        f"{_pm(p['random'], 'mat')}: **{us / rnd:.2f}×** (target > 1); EXP3Spec {_pm(p['exp3spec'], 'mat')}. "
+        f"oracle MAT {oracle:.2f}; NormalHedge {_pm(p['normalhedge'], 'mat')} = **{nh / oracle:.3f}× oracle** "
+        f"(target ≥ 0.93) and **{nh / us:.2f}× UCBSpec** {_pm(p['ucbspec'], 'mat')} (target ≥ 1.15); "
+        f"UCBSpec vs uniform random {_pm(p['random'], 'mat')}: **{us / rnd:.2f}×** (target > 1); "
+        f"EXP3Spec {_pm(p['exp3spec'], 'mat')}. "
         f"Paper (Table 3): 7.15 / 5.09 / 4.86 vs oracle 7.43. {'PASS' if ok else 'FAIL'} — {_cmd('hedgespec', seeds)}"
     ]
 
@@ -62,7 +63,8 @@ def check_lengths(seeds: int) -> list[str]:
         p, oracle = res["policies"], res["oracle"]["mat"]
         nh, us = p["normalhedge"]["mat"], p["ucbspec"]["mat"]
         lines.append(
-            f"- {name} ({label}): oracle {oracle:.2f}; NormalHedge {_pm(p['normalhedge'], 'mat')} = {nh / oracle:.3f}× oracle, "
+            f"- {name} ({label}): oracle {oracle:.2f}; "
+            f"NormalHedge {_pm(p['normalhedge'], 'mat')} = {nh / oracle:.3f}× oracle, "
             f"{nh / us:.2f}× UCBSpec {_pm(p['ucbspec'], 'mat')}; EXP3Spec {_pm(p['exp3spec'], 'mat')}; random "
             f"{_pm(p['random'], 'mat')}; speedup NormalHedge {_pm(p['normalhedge'], 'speedup')} vs UCBSpec "
             f"{_pm(p['ucbspec'], 'speedup')} — {_cmd('lengths', seeds)}"
@@ -78,9 +80,10 @@ def check_scaling(seeds: int) -> list[str]:
             mats[spec][n] = res["policies"][spec]
     drop = {spec: 1 - m[64]["mat"] / m[2]["mat"] for spec, m in mats.items()}
     ok = drop["normalhedge"] <= 0.05 and drop["ucbspec"] > drop["normalhedge"]
-    row = lambda spec: ", ".join(f"N={n}: {m['mat']:.2f}" for n, m in mats[spec].items())  # noqa: E731
+    row = lambda spec: ", ".join(f"N={n}: {m['mat']:.2f}" for n, m in mats[spec].items())
     return [
-        f"- scaling-N (2 domains, one specialist each, N − 2 off-domain drafters from Table 1): NormalHedge MAT {row('normalhedge')} "
+        f"- scaling-N (2 domains, one specialist each, N − 2 off-domain drafters from Table 1): "
+        f"NormalHedge MAT {row('normalhedge')} "
         f"→ **drop {100 * drop['normalhedge']:.1f}%** from N=2 to 64 (target ≤ 5%); UCBSpec {row('ucbspec')} → "
         f"**drop {100 * drop['ucbspec']:.1f}%** (target: more). {'PASS' if ok else 'FAIL'} — {_cmd('scaling', seeds)}"
     ]
@@ -103,9 +106,10 @@ def check_regret_log(seeds: int) -> list[str]:
     r2_lin = 1 - np.sum((np.array(regrets) - fitted_lin) ** 2) / np.sum((np.array(regrets) - np.mean(regrets)) ** 2)
     points = ", ".join(f"B=2^{int(math.log2(B))}: {r:.1f} ± {s:.1f}" for B, r, s in zip(REGRET_LENGTHS, regrets, stds))
     return [
-        f"- UCBSpec stopping-time regret vs response length (hedgespec-llama, fixed B, {REGRET_QUERIES} queries/seed, rounds beyond "
-        f"the oracle drafter per query): {points}. Fit regret = a + b·ln B: **b = {slope:.2f} rounds per e-fold of B, "
-        f"R² = {r2:.3f}** (a linear-in-B fit gives R² = {r2_lin:.3f}). — {_cmd('regret-log', seeds)}"
+        f"- UCBSpec stopping-time regret vs response length (hedgespec-llama, fixed B, {REGRET_QUERIES} queries/seed, "
+        f"rounds beyond the oracle drafter per query): {points}. "
+        f"Fit regret = a + b·ln B: **b = {slope:.2f} rounds per e-fold of B, R² = {r2:.3f}** "
+        f"(a linear-in-B fit gives R² = {r2_lin:.3f}). — {_cmd('regret-log', seeds)}"
     ]
 
 
@@ -116,9 +120,10 @@ def check_bd_vs_be(seeds: int) -> list[str]:
         bd, be = res["policies"]["ucb"], res["policies"]["ucb:reward=be"]
         ok = bd["best_arm_ratio_50"] > be["best_arm_ratio_50"]
         lines.append(
-            f"- metasd-multilingual (median {median:g} tokens): MetaSD-UCB (β = 0.01) best-arm ratio over the first 50 rounds "
-            f"**BD {_pm(bd, 'best_arm_ratio_50', 3)} vs BE {_pm(be, 'best_arm_ratio_50', 3)}** (target BD > BE); "
-            f"MAT BD {_pm(bd, 'mat')} vs BE {_pm(be, 'mat')}, speedup BD {_pm(bd, 'speedup')} vs BE {_pm(be, 'speedup')}. "
+            f"- metasd-multilingual (median {median:g} tokens): MetaSD-UCB (β = 0.01) best-arm ratio over the "
+            f"first 50 rounds **BD {_pm(bd, 'best_arm_ratio_50', 3)} vs BE {_pm(be, 'best_arm_ratio_50', 3)}** "
+            f"(target BD > BE); MAT BD {_pm(bd, 'mat')} vs BE {_pm(be, 'mat')}, "
+            f"speedup BD {_pm(bd, 'speedup')} vs BE {_pm(be, 'speedup')}. "
             f"{'PASS' if ok else 'FAIL'} — {_cmd('bd-vs-be', seeds)}"
         )
     return lines
@@ -130,8 +135,9 @@ def check_nonstationary(seeds: int) -> list[str]:
     ok = max(p["ducb"]["mat"], p["swucb"]["mat"]) >= p["ucb"]["mat"]
     return [
         f"- metasd-nonstationary (fr then zh in one response): MAT UCB {_pm(p['ucb'], 'mat')}, **Discounted UCB "
-        f"{_pm(p['ducb'], 'mat')}, Sliding-window UCB {_pm(p['swucb'], 'mat')}** (target: D-UCB or SW-UCB ≥ UCB); best fixed "
-        f"drafter {oracle:.2f}; speedups {p['ucb']['speedup']:.2f} / {p['ducb']['speedup']:.2f} / {p['swucb']['speedup']:.2f}. "
+        f"{_pm(p['ducb'], 'mat')}, Sliding-window UCB {_pm(p['swucb'], 'mat')}** (target: D-UCB or SW-UCB ≥ UCB); "
+        f"best fixed drafter {oracle:.2f}; "
+        f"speedups {p['ucb']['speedup']:.2f} / {p['ducb']['speedup']:.2f} / {p['swucb']['speedup']:.2f}. "
         f"Paper (Table 19, block efficiency): UCB 1.951 vs best single drafter 1.803. {'PASS' if ok else 'FAIL'} — "
         f"{_cmd('nonstationary', seeds)}"
     ]
@@ -179,10 +185,11 @@ def check_cost(seeds: int) -> list[str]:
     ok = bandit_max <= 20 and nh_chunk <= 100
     listing = ", ".join(f"{s} {v:.1f}" for s, v in costs.items())
     return [
-        f"- decision + update cost per round, K = {COST_ARMS} arms (µs, best of 5 × {COST_ROUNDS} rounds, records of 1–6 "
-        f"verified tokens): {listing}. Slowest bandit learner **{bandit_max:.1f} µs** (target ≤ 20); NormalHedge "
-        f"**{nh_chunk:.1f} µs chunk-level, {nh_token:.1f} µs token-level** (target ≤ 100; the token-level game feeds one loss "
-        f"vector per verified token). {'PASS' if ok else 'FAIL'} — `python benchmarks/sim_checks.py --check cost`"
+        f"- decision + update cost per round, K = {COST_ARMS} arms (µs, best of 5 × {COST_ROUNDS} rounds, "
+        f"records of 1–6 verified tokens): {listing}. Slowest bandit learner **{bandit_max:.1f} µs** (target ≤ 20); "
+        f"NormalHedge **{nh_chunk:.1f} µs chunk-level, {nh_token:.1f} µs token-level** (target ≤ 100; "
+        f"the token-level game feeds one loss vector per verified token). "
+        f"{'PASS' if ok else 'FAIL'} — `python benchmarks/sim_checks.py --check cost`"
     ]
 
 

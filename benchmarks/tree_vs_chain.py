@@ -95,7 +95,8 @@ def main() -> None:
                              "replaces --drafter)")
     parser.add_argument("--build", help="zoo build folder: use its dev prompts (with --domains) instead of random ones")
     parser.add_argument("--domains", default="code,sql", help="with --build: the domains whose dev prompts to use")
-    parser.add_argument("--shapes", nargs="+", default=SHAPES, help="'chain' or tree options, e.g. dynamic,topk=4,budget=16")
+    parser.add_argument("--shapes", nargs="+", default=SHAPES,
+                        help="'chain' or tree options, e.g. dynamic,topk=4,budget=16")
     parser.add_argument("--prompts", type=int, default=PROMPTS)
     parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW)
     parser.add_argument("--draft-len", type=int, default=DRAFT_LEN)

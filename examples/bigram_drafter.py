@@ -11,7 +11,8 @@ phase — all through the drafter contract. Register it, then name it in a draft
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -24,7 +25,8 @@ class BigramDrafter(ModelDrafter):
 
     def __init__(self, *, vocab: int = 0, alpha: float = 0.1, name: str = "bigram") -> None:
         if vocab < 1 or alpha <= 0:
-            raise ValueError(f"bigram: needs vocab ≥ 1 (the target's vocabulary size) and alpha > 0, got {vocab}, {alpha}")
+            raise ValueError(
+                f"bigram: needs vocab ≥ 1 (the target's vocabulary size) and alpha > 0, got {vocab}, {alpha}")
         self.name, self.vocab, self.alpha = name, vocab, alpha
         self.tree = TreeOptions()  # chains only
 

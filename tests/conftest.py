@@ -21,8 +21,12 @@ def float32_drafter_heads(monkeypatch):
 
     monkeypatch.setattr(draftwise.drafter_bank, "DEFAULT_HEAD_DTYPE", "float32")
 
-WORDS = ("the a cat dog sat on mat ran far and then stop it is was big small red blue one two three "
-         "def return print if else for in x y z = ( ) : + - * / 0 1 2 3 4 5 6 7 8 9 . , ? !").split()
+WORDS = [  # the tiny test tokenizer's vocabulary
+    "the", "a", "cat", "dog", "sat", "on", "mat", "ran", "far", "and", "then", "stop", "it", "is", "was",
+    "big", "small", "red", "blue", "one", "two", "three", "def", "return", "print", "if", "else", "for",
+    "in", "x", "y", "z", "=", "(", ")", ":", "+", "-", "*", "/", "0", "1", "2", "3", "4", "5", "6", "7", "8",
+    "9", ".", ",", "?", "!",
+]
 EOS = "</s>"
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from draftwise import Generator
-from draftwise.drafters import LMDrafter, build_drafters
 from draftwise.cached_lm import CachedLM, common_prefix_len
+from draftwise.drafters import LMDrafter, build_drafters
 from draftwise.loading import LoadOptions, load_causal_lm
 from draftwise.policies.simple import RandomPolicy
 

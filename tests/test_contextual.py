@@ -109,12 +109,12 @@ def pool(tiny_models):
 
 
 def test_cascade_layout_and_the_routed_arm_parse(pool) -> None:
-    model, tokenizer, make = pool
+    _, _, make = pool
     drafters = make()
     arms = build_arms("cascade", drafters, ArmSettings(draft_len=3))
     assert [a.name for a in arms] == ["pld@6", "auto@3", "none"]
     assert arms[1].route == (2, 3)
-    assert [a.name for a in build_arms("cascade", drafters, ArmSettings(drafter="suffix"))][0] == "suffix@8"
+    assert build_arms("cascade", drafters, ArmSettings(drafter="suffix"))[0].name == "suffix@8"
     explicit = build_arms("auto@5,pld@2,none", drafters, ArmSettings())
     assert explicit[0].route == (2, 3) and explicit[0].draft_len == 5
     with pytest.raises(DraftwiseError, match="cascade"):
@@ -122,13 +122,15 @@ def test_cascade_layout_and_the_routed_arm_parse(pool) -> None:
     with pytest.raises(DraftwiseError, match="routed arm"):
         build_arms("auto@4", drafters[:2], ArmSettings())
     ruled = build_arms("auto@6+heuristic:up=1,none", drafters, ArmSettings())[0]
-    assert (ruled.name, ruled.stop, ruled.route, ruled.draft_len) == ("auto@6+heuristic:up=1", "heuristic:up=1", (2, 3), 6)
+    assert (ruled.name, ruled.stop, ruled.route, ruled.draft_len) == (
+        "auto@6+heuristic:up=1", "heuristic:up=1", (2, 3), 6)
 
 
 def test_routed_arm_drafts_with_the_drafter_that_predicts_the_prompt(pool) -> None:
     model, tokenizer, make = pool
     seed_prompt = [5, 9, 13]
-    written = Generator(model, tokenizer, [], policy="fixed:0").generate(seed_prompt, max_new_tokens=40, ignore_eos=True)
+    written = Generator(model, tokenizer, [], policy="fixed:0").generate(
+        seed_prompt, max_new_tokens=40, ignore_eos=True)
     gen = Generator(model, tokenizer, make(), policy="ctx-ucb")  # the default arms: cascade
     assert [a.name for a in gen.arms] == ["pld@8", "auto@4", "none"]
     result = gen.generate(seed_prompt + written.token_ids, max_new_tokens=30, ignore_eos=True)
@@ -166,13 +168,13 @@ def test_engine_tells_the_policy_whether_pld_matches(pool, monkeypatch) -> None:
 def test_routed_arm_under_full_information_is_routed_before_round_one(pool, tiny_models) -> None:
     """Full-information learners score every arm from round 1, so the routed arm is picked up front;
     its counterfactual is its drafter's, and the output stays the target's own."""
-    from transformers import AutoModelForCausalLM
-
     from test_lossless_greedy import _reference
+    from transformers import AutoModelForCausalLM
 
     model, tokenizer, make = pool
     seed_prompt = [5, 9, 13]
-    written = Generator(model, tokenizer, [], policy="fixed:0").generate(seed_prompt, max_new_tokens=30, ignore_eos=True)
+    written = Generator(model, tokenizer, [], policy="fixed:0").generate(
+        seed_prompt, max_new_tokens=30, ignore_eos=True)
     prompt = seed_prompt + written.token_ids
     gen = Generator(model, tokenizer, make(), policy="normalhedge", arms="auto@4,pld@4")
     result = gen.generate(prompt, max_new_tokens=24, ignore_eos=True)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from draftwise.drafters import LMDrafter
 from draftwise.drafter_bank import BankLM, LlamaBank, attach_banks, bank_key
+from draftwise.drafters import LMDrafter
 
 TOL = 1e-4
 

@@ -83,7 +83,8 @@ def test_stop_string_is_found_however_many_tokens_a_round_emits(tiny_models, dra
     reference = plain.generate(prompt, max_new_tokens=60, ignore_eos=True).token_ids
     words = [plain.tokenizer.decode([t]) for t in reference]
     # a word first seen well after the start (so that a 16-token round completes it in its middle)
-    position = next(i for i in range(14, 60) if words[i].strip() and words[i] not in words[:i] and i % 17 not in (0, 16))
+    position = next(i for i in range(14, 60)
+                    if words[i].strip() and words[i] not in words[:i] and i % 17 not in (0, 16))
     gen = Generator.from_pretrained(target, drafters=[str(tiny_models["llama-twin"])], policy="fixed:0",
                                     draft_len=draft_len)
     result = gen.generate(prompt, max_new_tokens=60, ignore_eos=True, stop=[words[position]])

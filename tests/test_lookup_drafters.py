@@ -45,7 +45,7 @@ def test_suffix_drafter_drafts_the_same_with_and_without_the_match_bound() -> No
     rng = random.Random(2)
     ctx = DraftContext(Sampling())
     fast, slow = SuffixDrafter(depth=6), SuffixDrafter(depth=6)
-    for query in range(6):
+    for _ in range(6):
         prompt = [rng.randrange(8) for _ in range(10)]
         tokens = list(prompt)
         for drafter in (fast, slow):

@@ -13,8 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from draftwise import Generator
-from draftwise.drafters import build_drafters
-from draftwise.drafters import Drafter
+from draftwise.drafters import Drafter, build_drafters
 from draftwise.loading import LoadOptions, load_causal_lm
 
 CASES_PER_SETUP = 36
@@ -107,7 +106,7 @@ def test_always_wrong_drafter_is_still_lossless(tiny_models) -> None:
     gen = Generator(model, tokenizer, [AlwaysWrong(model)], policy="fixed:wrong", draft_len=3)
     reference_model = AutoModelForCausalLM.from_pretrained(tiny_models["llama-target"]).eval()
     rng = random.Random(7)
-    for case in range(12):
+    for _ in range(12):
         prompt = [rng.randrange(2, 40) for _ in range(rng.randint(1, 12))]
         max_new = rng.randint(1, 30)
         result = gen.generate(prompt, max_new_tokens=max_new, ignore_eos=True)

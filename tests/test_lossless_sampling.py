@@ -61,7 +61,8 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
     keep = exp > 0
     stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
     dof = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)))
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64),
+                                         torch.tensor(stat / 2.0, dtype=torch.float64)))
 
 
 def _draws(gen: Generator, sampling: Sampling) -> np.ndarray:
@@ -112,8 +113,7 @@ def test_the_test_rejects_the_drafters_own_distribution(target) -> None:
 
 
 def test_warp_matches_transformers_processors() -> None:
-    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                        TopPLogitsWarper)
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 3
     for temperature, top_k, top_p in [(1.0, None, None), (0.7, 10, None), (1.3, None, 0.8), (0.5, 5, 0.6)]:

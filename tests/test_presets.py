@@ -8,18 +8,17 @@ import random
 import numpy as np
 import pytest
 import torch
+from test_lossless_greedy import _reference
+from test_lossless_sampling import DRAFTERS, _model, chi_square_p, exact_joint
 from transformers import AutoModelForCausalLM
 
 from draftwise import Generator
 from draftwise.api import DEFAULT_POLICY
-from draftwise.drafters import DraftContext, LMDrafter, build_drafters
 from draftwise.drafter_bank import BankLM, LlamaBank
+from draftwise.drafters import DraftContext, LMDrafter, build_drafters
 from draftwise.loading import LoadOptions, load_causal_lm
 from draftwise.policies import PRESETS
 from draftwise.verify import Sampling, warp
-
-from test_lossless_greedy import _reference
-from test_lossless_sampling import DRAFTERS, _model, chi_square_p, exact_joint
 
 PRESET_NAMES = sorted(PRESETS) + [DEFAULT_POLICY]  # the papers' presets and our default
 
@@ -135,10 +134,11 @@ def test_skipping_defers_and_batches_the_evaluation(llama, monkeypatch) -> None:
 
 
 def test_prompt_prior_starts_on_the_drafter_that_predicts_the_prompt(tiny_models, llama) -> None:
-    model, tokenizer, pool = llama
+    model, tokenizer, _ = llama
     # a prompt the target itself wrote: the target's twin predicts every token of it
     seed_prompt = [5, 9, 13]
-    written = Generator(model, tokenizer, [], policy="fixed:0").generate(seed_prompt, max_new_tokens=40, ignore_eos=True)
+    written = Generator(model, tokenizer, [], policy="fixed:0").generate(
+        seed_prompt, max_new_tokens=40, ignore_eos=True)
     prompt = seed_prompt + written.token_ids
     options = LoadOptions()
     specs = ["pld", str(tiny_models["llama-small"]), str(tiny_models["llama-twin"])]

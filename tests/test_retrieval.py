@@ -15,9 +15,11 @@ from transformers import AutoModelForCausalLM
 
 from draftwise import Generator
 from draftwise.cli import main
-from draftwise.drafters import DraftContext, build_drafters
 from draftwise.datastore import Datastore, concatenate_documents
+from draftwise.drafters import DraftContext, build_drafters
 from draftwise.drafters.retrieval import RetrievalDrafter
+from draftwise.errors import DraftwiseError
+from draftwise.loading import LoadOptions, load_causal_lm
 from draftwise.suffix_array import (
     SEPARATOR,
     continuation_tree,
@@ -28,8 +30,6 @@ from draftwise.suffix_array import (
     suffix_array,
     top_continuations,
 )
-from draftwise.errors import DraftwiseError
-from draftwise.loading import LoadOptions, load_causal_lm
 
 
 def _random_stream(rng: np.random.Generator, documents: int, alphabet: int, max_len: int) -> np.ndarray:
@@ -90,7 +90,7 @@ def test_suffix_array_matches_brute_force_sort() -> None:
 
 def test_longest_match_and_continuation_counts_match_brute_force() -> None:
     rng = np.random.default_rng(1)
-    for trial in range(60):
+    for _ in range(60):
         stream = _random_stream(rng, int(rng.integers(1, 12)), int(rng.integers(2, 5)), 40)
         sa = suffix_array(stream)
         as_list = stream.tolist()
@@ -159,9 +159,11 @@ def test_datastore_round_trip_is_memory_mapped_and_the_drafter_stops_at_eos(tmp_
     assert drafter.candidates([5, 6], 3, nodes=4) == [((7, 3), 1), ((7, 8, 4), 1)]  # tree 7 → {8 → 4, 3}
     tree = RetrievalDrafter(store=str(tmp_path / "store"), tree=4).propose([5, 6], 3, DraftContext())
     assert (tree.tokens, tree.parents, tree.probs) == ([7, 8, 3, 4], [-1, 0, 0, 1], None)
-    tree = RetrievalDrafter(store=str(tmp_path / "store"), tree=9).propose([5, 6], 3, DraftContext(eos_ids=frozenset({8})))
+    tree = RetrievalDrafter(store=str(tmp_path / "store"), tree=9).propose(
+        [5, 6], 3, DraftContext(eos_ids=frozenset({8})))
     assert (tree.tokens, tree.parents) == ([7, 8, 3], [-1, 0, 0])
-    assert RetrievalDrafter(store=str(tmp_path / "store"), min_match=3).propose([9, 6, 7], 2, DraftContext()).tokens == []
+    short = RetrievalDrafter(store=str(tmp_path / "store"), min_match=3)
+    assert short.propose([9, 6, 7], 2, DraftContext()).tokens == []
     with pytest.raises(DraftwiseError, match="needs store=DIR"):
         build_drafters(["rest"], None, None, LoadOptions())
     with pytest.raises(DraftwiseError, match="does not exist"):
@@ -192,7 +194,8 @@ def test_rest_in_the_engine_is_greedy_lossless(tiny_models, tmp_path: Path) -> N
     Datastore.from_documents(docs, {"vocab_size": vocab}).save(tmp_path / "store")
     spec = f"rest:store={tmp_path / 'store'},min_prob=0"
     generators = [Generator(model, tokenizer, build_drafters(specs, model, tokenizer, options), policy=policy)
-                  for specs, policy in (([spec], "fixed:rest"), ([spec, "pld"], "ucb"), ([f"{spec},tree=6"], "fixed:rest"))]
+                  for specs, policy in (([spec], "fixed:rest"), ([spec, "pld"], "ucb"),
+                                        ([f"{spec},tree=6"], "fixed:rest"))]
     accepted = 0
     for case in range(18):
         gen = generators[case % 3]

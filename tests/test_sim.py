@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from draftwise.cli import main
+from draftwise.cli.sim import split_policies
 from draftwise.errors import DraftwiseError
 from draftwise.policies.base import Policy
 from draftwise.sim import SCENARIOS, get_scenario, simulate
-from draftwise.cli.sim import split_policies
 from draftwise.sim.process import (
     acceptance_from_mat,
     draw_gammas,
@@ -53,7 +53,7 @@ def test_markov_correlation_keeps_the_mean_but_lengthens_runs() -> None:
     alpha = np.full((50_000, 1), 0.6)
     iid, sticky = draw_gammas(alpha, 2.0, 0.0, rng), draw_gammas(alpha, 2.0, 0.9, rng)
     assert iid.mean() == pytest.approx(0.6, abs=0.01) and sticky.mean() == pytest.approx(0.6, abs=0.03)
-    lag1 = lambda g: np.corrcoef(g[:-1, 0], g[1:, 0])[0, 1]  # noqa: E731
+    lag1 = lambda g: np.corrcoef(g[:-1, 0], g[1:, 0])[0, 1]
     assert abs(lag1(iid)) < 0.02 and lag1(sticky) > 0.8
 
 
@@ -115,7 +115,8 @@ def test_records_carry_exactly_the_engine_feedback() -> None:
         assert cf.shape == (4, r.emitted)
         assert np.allclose(cf, query.gammas[r.position : r.position + r.emitted].T)
         assert np.allclose(r.accept_probs, query.gammas[r.position : r.position + r.max_draft, r.arm])
-        ok = query.uniforms[r.position : r.position + r.accepted] < query.gammas[r.position : r.position + r.accepted, r.arm]
+        accepted = slice(r.position, r.position + r.accepted)
+        ok = query.uniforms[accepted] < query.gammas[accepted, r.arm]
         assert ok.all()
         if r.accepted < r.max_draft and r.position + r.emitted < 300:
             assert query.uniforms[r.position + r.accepted] >= query.gammas[r.position + r.accepted, r.arm]
@@ -128,7 +129,8 @@ def test_fixed_policy_matches_fixed_rounds() -> None:
     for query in draw_queries(scenario, 5, 3, tokens=None, median=None):
         rounds = fixed_rounds(scenario, query)
         for arm in (0, 4):
-            result = run_query(make_policy(f"fixed:{arm}", list(scenario.arms), np.random.default_rng(0)), scenario, query)
+            policy = make_policy(f"fixed:{arm}", list(scenario.arms), np.random.default_rng(0))
+            result = run_query(policy, scenario, query)
             assert result.rounds == rounds[arm]
 
 
@@ -187,7 +189,8 @@ def test_cli_table_list_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sim", "--scenario", "nope"]) == 2
     assert "valid:" in capsys.readouterr().err
     assert main(["sim", "--scenario", "scaling-2", "--policies", "ucb:nope=1"]) == 2
-    assert main(["sim", "--scenario", "scaling-2", "--seeds", "1", "--queries", "2", "--rho", "0.5", "--kappa", "4"]) == 0
+    assert main(["sim", "--scenario", "scaling-2", "--seeds", "1", "--queries", "2",
+                 "--rho", "0.5", "--kappa", "4"]) == 0
     assert main(["sim", "--scenario", "scaling-2", "--rho", "1.5"]) == 2
     assert main(["policies"]) == 0
     listing = capsys.readouterr().out

@@ -9,20 +9,29 @@ import random
 import numpy as np
 import pytest
 import torch
+from test_lossless_greedy import _reference
+from test_lossless_sampling import PROMPT, VOCAB, _draws, _model, chi_square_p, exact_joint
 from transformers import AutoModelForCausalLM
 
 from draftwise import Generator
+from draftwise.cached_lm import CachedLM
+from draftwise.drafter_bank import BankLM, LlamaBank
 from draftwise.drafters import Draft, Drafter, LMDrafter, SuffixDrafter, TreeOptions, build_drafters
 from draftwise.errors import DraftwiseError
-from draftwise.drafter_bank import BankLM, LlamaBank
-from draftwise.cached_lm import CachedLM
 from draftwise.loading import LoadOptions, load_causal_lm
-from draftwise.tree import (ancestor_matrix, fit_tree, level_acceptance, path_to, rejection_chain,
-                            tree_attention_mask, tree_depths, tree_positions, verify_tree_greedy,
-                            verify_tree_sampling)
+from draftwise.tree import (
+    ancestor_matrix,
+    fit_tree,
+    level_acceptance,
+    path_to,
+    rejection_chain,
+    tree_attention_mask,
+    tree_depths,
+    tree_positions,
+    verify_tree_greedy,
+    verify_tree_sampling,
+)
 from draftwise.verify import Sampling
-from test_lossless_greedy import _reference
-from test_lossless_sampling import PROMPT, VOCAB, _draws, _model, chi_square_p, exact_joint
 
 TOL = 1e-4
 
@@ -35,6 +44,16 @@ def random_tree(rng: random.Random, n: int, vocab: int) -> tuple[list[int], list
 @torch.inference_mode()
 def _fresh(model, tokens: list[int]) -> torch.Tensor:
     return model(torch.tensor([tokens])).logits[0, -1].float()
+
+
+def _counting(forward, fed: list[int]):
+    """``forward``, recording in ``fed`` how many fresh tokens each call feeds."""
+
+    def counted(fresh, n_out):
+        fed.append(len(fresh))
+        return forward(fresh, n_out)
+
+    return counted
 
 
 def _lms(tiny_models, name: str) -> list:
@@ -98,7 +117,7 @@ def test_cache_keeps_exactly_the_accepted_path(tiny_models, name: str) -> None:
             fed: list[int] = []
             forward = lm._forward if isinstance(lm, CachedLM) else None
             if forward is not None:
-                lm._forward = lambda fresh, n_out: (fed.append(len(fresh)), forward(fresh, n_out))[1]
+                lm._forward = _counting(forward, fed)
             cached = lm.logits(context, 1)[0]
             if forward is not None:
                 del lm._forward

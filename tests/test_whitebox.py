@@ -11,20 +11,27 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
+from test_lossless_greedy import _reference
+from test_lossless_sampling import _draws, _model, chi_square_p, exact_joint
 
 from draftwise import Generator
 from draftwise.drafters import Draft, build_drafters
 from draftwise.drafters.eagle import EagleDrafter, EagleHead, eagle_config
 from draftwise.drafters.lm import TreeOptions
 from draftwise.drafters.medusa import MedusaDrafter, MedusaHeads, medusa_config
-from draftwise.drafters.whitebox import (MARKER, WhiteBoxDrafter, lm_head_fingerprint, load_head_drafter,
-                                         read_head_config, save_head, target_dims)
+from draftwise.drafters.whitebox import (
+    MARKER,
+    WhiteBoxDrafter,
+    lm_head_fingerprint,
+    load_head_drafter,
+    read_head_config,
+    save_head,
+    target_dims,
+)
 from draftwise.errors import DraftwiseError
 from draftwise.loading import LoadOptions, load_causal_lm
 from draftwise.verify import Sampling
 from draftwise.zoo.heads import HiddenSet, collect_hidden, eagle_loss, eagle_unrolled, medusa_loss
-from test_lossless_greedy import _reference
-from test_lossless_sampling import PROMPT, _draws, _model, chi_square_p, exact_joint
 
 TOL = 1e-4
 TREES = {"chain": None, "dynamic": TreeOptions.parse("dynamic", topk=2, budget=6),
@@ -67,7 +74,7 @@ def _train_eagle(target, steps: int = 150) -> tuple[EagleHead, list[list[int]]]:
     embed = target.get_input_embeddings().weight.detach()
     lm = target.get_output_embeddings().weight.detach()
     opt = torch.optim.AdamW(head.parameters(), lr=1e-2)
-    for step in range(steps):
+    for _ in range(steps):
         batch = data.batch(np.arange(len(data)))
         loss = eagle_loss(head, embed, lm, batch, 0.5, 0.1, unroll=2)
         opt.zero_grad()
@@ -118,7 +125,7 @@ def test_heads_round_trip_as_hf_style_folders(tmp_path, llama) -> None:
 
 def test_bad_head_checkpoints_are_clear_errors(tmp_path, llama, tiny_models) -> None:
     target, _ = llama
-    with pytest.raises(DraftwiseError, match="missing config.json"):
+    with pytest.raises(DraftwiseError, match=r"missing config\.json"):
         load_head_drafter(str(tmp_path / "nothing"), target)
     with pytest.raises(DraftwiseError, match="not a draftwise head"):
         load_head_drafter(str(tiny_models["llama-near"]), target)  # an ordinary LM checkpoint
@@ -302,7 +309,7 @@ def test_training_writes_every_head_and_resumes(tmp_path, llama) -> None:
 
     target, _ = llama
     rng = np.random.default_rng(0)
-    streams = lambda: {d: rng.integers(2, 50, 400) for d in ("code", "math", "sql", "translation", "summarization",  # noqa: E731
+    streams = lambda: {d: rng.integers(2, 50, 400) for d in ("code", "math", "sql", "translation", "summarization",
                                                                 "qa", "general")}
     out = run_heads(target, "tiny-target", streams, tmp_path / "run", "tiny")
     names = sorted(p.name for p in out.iterdir())
@@ -374,7 +381,8 @@ def test_prompt_prior_scores_white_box_drafters(heads_dir, llama, policy) -> Non
     """The prompt is prefilled before round 1, so heads can be scored on it like LM drafters."""
     target, _ = llama
     text = json.loads((heads_dir / "text.json").read_text())
-    pool = [load_head_drafter(str(heads_dir / "eagle-trained"), target), load_head_drafter(str(heads_dir / "medusa"), target)]
+    pool = [load_head_drafter(str(heads_dir / "eagle-trained"), target),
+            load_head_drafter(str(heads_dir / "medusa"), target)]
     gen = Generator(target, None, pool, policy=policy)
     prompt = text[0][:12]
     out = gen.generate(prompt, max_new_tokens=20)

@@ -67,7 +67,7 @@ def test_train_loop_resumes_to_identical_weights(tmp_path: Path) -> None:
     rows = torch.randint(2, 50, (12, 16), generator=torch.Generator().manual_seed(0))
     config = TrainConfig(steps=4, batch=3, seq_len=16, lr=1e-2, warmup=1, checkpoint_seconds=0.0)
 
-    def loss(m, index):  # noqa: ANN001, ANN202
+    def loss(m, index):
         return next_token_loss(m, rows[torch.from_numpy(index)], ids.pad)
 
     straight = new_model(shape, 50, ids, seed=3)
@@ -75,7 +75,7 @@ def test_train_loop_resumes_to_identical_weights(tmp_path: Path) -> None:
 
     calls = {"n": 0}
 
-    def crashing_loss(m, index):  # noqa: ANN001, ANN202
+    def crashing_loss(m, index):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt  # the build is killed during step 3

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Generator", "GenerationResult", "DraftwiseError", "__version__"]
+__all__ = ["DraftwiseError", "GenerationResult", "Generator", "__version__"]
 
 from draftwise.errors import DraftwiseError
 

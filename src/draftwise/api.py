@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,7 +80,7 @@ class Generator:
         seed: int = 0,
         chat: bool | None = None,
         **arm_options: Any,
-    ) -> "Generator":
+    ) -> Generator:
         """Load the target (path, hub id or ``zoo:target``) and the drafters named by ``drafters``.
 
         Drafter specs: a model path or hub id, ``zoo:NAME``, ``zoo:all``, ``pld``, ``suffix``,
@@ -111,7 +112,7 @@ class Generator:
         ids = [int(i) for i in prompt]
         if not ids:
             raise DraftwiseError("the prompt is empty")
-        if self.target.vocab_size and max(ids) >= self.target.vocab_size or min(ids) < 0:
+        if (self.target.vocab_size and max(ids) >= self.target.vocab_size) or min(ids) < 0:
             raise DraftwiseError(f"prompt token ids must lie in [0, {self.target.vocab_size})")
         return ids
 
@@ -224,7 +225,7 @@ SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes seeds below 2**64; numpy
 
 def check_seed(seed: Any, name: str = "seed") -> int:
     """A seed every generator accepts: an integer in [0, 2**64)."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < SEED_LIMIT:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < SEED_LIMIT:
         raise DraftwiseError(f"{name} must be an integer in [0, 2**64), got {seed!r}")
     return int(seed)
 

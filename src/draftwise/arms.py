@@ -15,8 +15,8 @@ Layouts (``--arms``):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from draftwise.drafters import Drafter, ModelDrafter
 from draftwise.drafters.stopping import validate_stop_spec
@@ -115,7 +115,8 @@ def cascade_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm
     names = [drafters[i].name for i in lookups]
     wanted = settings.drafter or ("pld" if "pld" in names else names[0] if names else None)
     if wanted is not None and wanted not in names:
-        raise DraftwiseError(f"no lookup drafter {wanted!r} for the cascade layout; lookups: {', '.join(names) or 'none'}")
+        raise DraftwiseError(
+            f"no lookup drafter {wanted!r} for the cascade layout; lookups: {', '.join(names) or 'none'}")
     arms = []
     if wanted is not None:
         arms.append(Arm(f"{wanted}@{2 * settings.draft_len}", lookups[names.index(wanted)], 2 * settings.draft_len))
@@ -123,7 +124,11 @@ def cascade_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm
     return arms + ([routed] if routed else []) + [Arm(NONE, None, 0)]
 
 
-LAYOUT_ALIASES = {"drafters*stops": "drafters×stops", "drafters-x-stops": "drafters×stops", "drafters_x_stops": "drafters×stops"}
+LAYOUT_ALIASES = {
+    "drafters*stops": "drafters×stops",
+    "drafters-x-stops": "drafters×stops",
+    "drafters_x_stops": "drafters×stops",
+}
 
 
 def build_arms(layout: str, drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm]:
@@ -195,7 +200,8 @@ def _pick(drafters: Sequence[Drafter], name: str | None, *, model_only: bool, la
     if name is not None:
         index = _find(drafters, name)
         if index is None:
-            raise DraftwiseError(f"no drafter {name!r} for the {layout} layout; drafters: {', '.join(d.name for d in drafters)}")
+            raise DraftwiseError(
+                f"no drafter {name!r} for the {layout} layout; drafters: {', '.join(d.name for d in drafters)}")
         return index
     for i, drafter in enumerate(drafters):
         if not model_only or isinstance(drafter, ModelDrafter):

@@ -13,8 +13,9 @@ bank) implement it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -99,7 +100,7 @@ class TreeCacheMixin:
     """
 
     tokens: list[int]
-    tree: "PendingTree | None" = None
+    tree: PendingTree | None = None
 
     def _masked_forward(self, ids: list[int], positions: list[int], allowed: torch.Tensor, n_out: int) -> torch.Tensor:
         """Feed ``ids`` after the cache with explicit positions and a (len(ids), cache + len(ids)) bool mask."""

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Sequence
+from typing import IO, Any
 
 import numpy as np
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,8 +25,10 @@ FORMAT = "draftwise-retrieval"
 VERSION = 1
 FILES = ("tokens.npy", "sa.npy", "meta.json")
 
+Document = Sequence[int] | np.ndarray  # one document's token ids
 
-def concatenate_documents(documents: Iterable[Sequence[int]]) -> tuple[np.ndarray, int]:
+
+def concatenate_documents(documents: Iterable[Document]) -> tuple[np.ndarray, int]:
     """One int32 stream: each non-empty document followed by :data:`SEPARATOR`; and the document count.
 
     >>> stream, count = concatenate_documents([[4, 5], [], [6]])
@@ -58,7 +61,7 @@ class Datastore:
     path: Path | None = None
 
     @classmethod
-    def from_documents(cls, documents: Iterable[Sequence[int]], meta: dict[str, Any] | None = None) -> Datastore:
+    def from_documents(cls, documents: Iterable[Document], meta: dict[str, Any] | None = None) -> Datastore:
         """Index tokenized documents in memory; ``meta`` adds fields (tokenizer, seed, build options)."""
         start = time.perf_counter()
         tokens, count = concatenate_documents(documents)
@@ -67,7 +70,7 @@ class Datastore:
         sa = suffix_array(tokens)
         index_s = time.perf_counter() - start
         logger.info("indexed %d tokens from %d documents in %.2f s", len(tokens), count, index_s)
-        info = {"format": FORMAT, "version": VERSION, "tokens": int(len(tokens)), "documents": count,
+        info = {"format": FORMAT, "version": VERSION, "tokens": len(tokens), "documents": count,
                 "separator": SEPARATOR, "max_token_id": int(tokens.max()), "index_s": round(index_s, 3),
                 **(meta or {})}
         return cls(tokens, sa, info)

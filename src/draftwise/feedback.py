@@ -14,7 +14,7 @@ Formulas: ``shared/design/METHODS.md`` and the papers; each function cites its s
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

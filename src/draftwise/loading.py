@@ -62,7 +62,8 @@ def load_causal_lm(name: str, options: LoadOptions) -> tuple[Any, Any | None]:
     try:
         model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError) as exc:
-        where = "" if os.path.isdir(path) else " (not a local directory, and the hub is unreachable or has no such model)"
+        where = ("" if os.path.isdir(path)
+                 else " (not a local directory, and the hub is unreachable or has no such model)")
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise DraftwiseError(f"cannot load model {name!r}{where}: {first}") from None
     try:

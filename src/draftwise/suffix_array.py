@@ -8,7 +8,8 @@ by token; continuations are counted from the occurrences found (see
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 

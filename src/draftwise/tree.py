@@ -26,8 +26,8 @@ this is the target mass of the children (HedgeSpec Theorem 2).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 

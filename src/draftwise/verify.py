@@ -6,8 +6,8 @@ position plus the bonus position after the last draft token); proposal probabili
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from draftwise.errors import DraftwiseError
 from draftwise.options import split_spec, typed_options
@@ -295,7 +296,8 @@ def _hf_ar(bench: Workbench, arg: str) -> Method:
 SCHEDULES = ("constant", "heuristic", "default")
 
 
-@register_method("hf-assisted", "transformers assisted generation: hf-assisted:NAME[,schedule=constant|heuristic|default]")
+@register_method("hf-assisted",
+                 "transformers assisted generation: hf-assisted:NAME[,schedule=constant|heuristic|default]")
 def _hf_assisted(bench: Workbench, arg: str) -> Method:
     drafter, raw = split_spec(arg.replace(",", ":", 1)) if "," in arg else (arg, {})
     options = typed_options(f"method hf-assisted:{drafter}", raw, {"schedule": "constant"})
@@ -313,7 +315,8 @@ def _hf_assisted(bench: Workbench, arg: str) -> Method:
 @register_method("hf-pld", "transformers prompt-lookup decoding: hf-pld[:tokens=K,ngram=N]")
 def _hf_pld(bench: Workbench, arg: str) -> Method:
     _, raw = split_spec(f"hf-pld:{arg}")
-    options = {"tokens": bench.peer_draft_len, "ngram": 2, **typed_options("method hf-pld", raw, {"tokens": 0, "ngram": 0})}
+    options = {"tokens": bench.peer_draft_len, "ngram": 2,
+               **typed_options("method hf-pld", raw, {"tokens": 0, "ngram": 0})}
     return HFMethod("hf-pld" + (f":{arg}" if arg else ""), bench.model,
                     {"prompt_lookup_num_tokens": options["tokens"], "max_matching_ngram_size": options["ngram"]})
 

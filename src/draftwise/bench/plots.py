@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 import warnings
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -141,7 +142,8 @@ def write_plots(out: Path, rows: Sequence[dict], full: dict[str, dict[str, Any]]
         "cumulative_regret.png": lambda ax: _curves(ax, {m: regret_curve(rows, m) for m in learners},
                                                     "round", "cumulative regret (tokens vs best drafter)"),
         "arm_values.png": lambda ax: _curves(ax, arm_value_curves(rows, learners[0]) if learners else {},
-                                             "round", f"running mean reward per arm ({learners[0] if learners else ''})"),
+                                             "round",
+                                             f"running mean reward per arm ({learners[0] if learners else ''})"),
         "mat_vs_drafters.png": lambda ax: _mat_vs_drafters(ax, mat_by_pool_size(full, pool_size)),
     }
     written = []

@@ -25,9 +25,10 @@ import re
 import statistics
 import subprocess
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from draftwise.bench.methods import BASELINE
 
@@ -61,7 +62,7 @@ def oracle_rows(rows: Sequence[dict]) -> list[dict]:
         if r["method"].startswith(FIXED):
             by_domain[r["domain"]][r["method"]].append(r)
     out = []
-    for domain, methods in by_domain.items():
+    for methods in by_domain.values():
         best = max(sorted(methods), key=lambda m: speed(methods[m]))
         out += [{**r, "method": ORACLE, "key": f"{r['prompt_id']}|{ORACLE}|{r['repeat']}", "oracle_of": best}
                 for r in methods[best]]
@@ -109,8 +110,9 @@ def metrics(rows: Sequence[dict], baseline: Sequence[dict], mismatches: set[str]
         return {k: None for k in SUMMARY_KEYS + EXTRA_KEYS}
     ref = [base[pair(r)] for r in rows]
     tokens = sum(r["new_tokens"] for r in rows)
-    calls = [r.get("target_calls") for r in rows]
-    drafted = [r.get("drafted") for r in rows]
+    # counts from the rows' JSON; None where a method does not report them
+    calls: list[Any] = [r.get("target_calls") for r in rows]
+    drafted: list[Any] = [r.get("drafted") for r in rows]
     out: dict[str, Any] = {
         "speedup": ratio(speed(rows), speed(ref)),
         "speedup_mean_of_prompts": ratio(mean_prompt_speed(rows), mean_prompt_speed(ref)),
@@ -190,7 +192,8 @@ def summary_json(full: dict[str, dict[str, Any]]) -> dict[str, Any]:
     def keep(m: dict[str, Any]) -> dict[str, Any]:
         return {k: m[k] for k in SUMMARY_KEYS}
 
-    return {"methods": {method: {OVERALL: keep(v[OVERALL]), "by_domain": {d: keep(m) for d, m in v["by_domain"].items()}}
+    return {"methods": {method: {OVERALL: keep(v[OVERALL]),
+                                 "by_domain": {d: keep(m) for d, m in v["by_domain"].items()}}
                         for method, v in full.items()}}
 
 
@@ -255,22 +258,25 @@ def target_checks(full: dict[str, dict[str, Any]]) -> list[str]:
     default = overall("default")
     if default is None:
         return []
-    fixed = [m for m in full if m.startswith(FIXED) and overall(m) is not None]
-    peers = [m for m in full if m.startswith("hf-assisted:") and "," not in m and overall(m) is not None]
-    checks = []
+    speedups = {m: s for m in full if (s := overall(m)) is not None}
+    fixed = {m: s for m, s in speedups.items() if m.startswith(FIXED)}
+    peers = {m: s for m, s in speedups.items() if m.startswith("hf-assisted:") and "," not in m}
+    checks: list[tuple[str, float, float, str]] = []
     if fixed:
-        best = max(fixed, key=lambda m: overall(m))
-        checks.append(("≥ 1.1× the best single drafter", default, 1.1 * overall(best), best))
-    if overall(ORACLE) is not None:
-        checks.append(("≥ 0.9× the per-domain oracle's speedup", default, 0.9 * overall(ORACLE), ORACLE))
-        if overall("default", "mat") is not None and overall(ORACLE, "mat") is not None:
-            checks.append(("MAT ≥ 0.95× the oracle's", overall("default", "mat"), 0.95 * overall(ORACLE, "mat"),
-                           ORACLE))
-    if overall("router") is not None:
-        checks.append(("above the static router", default, overall("router") + 1e-12, "router"))
+        best = max(fixed, key=fixed.__getitem__)
+        checks.append(("≥ 1.1× the best single drafter", default, 1.1 * fixed[best], best))
+    oracle = overall(ORACLE)
+    if oracle is not None:
+        checks.append(("≥ 0.9× the per-domain oracle's speedup", default, 0.9 * oracle, ORACLE))
+        default_mat, oracle_mat = overall("default", "mat"), overall(ORACLE, "mat")
+        if default_mat is not None and oracle_mat is not None:
+            checks.append(("MAT ≥ 0.95× the oracle's", default_mat, 0.95 * oracle_mat, ORACLE))
+    router = overall("router")
+    if router is not None:
+        checks.append(("above the static router", default, router + 1e-12, "router"))
     if peers:
-        best = max(peers, key=lambda m: overall(m))
-        checks.append(("≥ 1.2× transformers assisted (best drafter)", default, 1.2 * overall(best), best))
+        best = max(peers, key=peers.__getitem__)
+        checks.append(("≥ 1.2× transformers assisted (best drafter)", default, 1.2 * peers[best], best))
     return [f"| {name} | {value:.3f} | {bar:.3f} ({against}) | {'yes' if value >= bar else 'no'} |"
             for name, value, bar, against in checks]
 
@@ -327,11 +333,13 @@ def git_info() -> dict[str, Any]:
 
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10).stdout.strip()
+            done = subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10)
+            return done.stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    return {"commit": git("rev-parse", "HEAD") or "unknown",
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
 def versions() -> dict[str, str | None]:

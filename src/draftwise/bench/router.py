@@ -12,12 +12,14 @@ drafter name); :func:`route_table` maps each label to a drafter of the pool.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +43,7 @@ def features(text: str) -> list[str]:
     ['def', 'f', '(', 'x', ')', 'def f', 'f (', '( x', 'x )']
     """
     words = [w.lower() for w in TOKEN.findall(text)]
-    return words + [f"{a} {b}" for a, b in zip(words, words[1:])]
+    return words + [f"{a} {b}" for a, b in itertools.pairwise(words)]
 
 
 @dataclass
@@ -122,7 +124,7 @@ def train_router(texts: Sequence[str], labels: Sequence[str], seed: int,
     return Router(vocabulary, idf, w, b, classes)
 
 
-def route_table(labels: Sequence[str], drafters: Sequence[str], label_domains: dict[str, Sequence[str]],
+def route_table(labels: Sequence[str], drafters: Sequence[str], label_domains: Mapping[str, Sequence[str]],
                 fallback: str) -> dict[str, str]:
     """Label → drafter: the drafter named like the label, else one trained on that domain, else ``fallback``."""
     table = {}

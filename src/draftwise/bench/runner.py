@@ -22,9 +22,10 @@ import multiprocessing as mp
 import os
 import queue as queue_module
 import zlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 from draftwise.bench.datasets import (
     CORPUS_ENV,
@@ -157,7 +158,8 @@ def read_rows(path: Path, repair: bool = False) -> list[dict]:
                 continue
             rows.setdefault(row["key"], row)
         except (ValueError, KeyError, TypeError, AttributeError):
-            raise DraftwiseError(f"{path}, line {number}: not a result row; move the file away or use a new --out") from None
+            raise DraftwiseError(
+                f"{path}, line {number}: not a result row; move the file away or use a new --out") from None
     if cut_short:
         log.warning("%s: ignoring %d run(s) cut short by Ctrl-C; they run again", path, cut_short)
     return list(rows.values())
@@ -167,7 +169,7 @@ class RowWriter:
     """Appends rows, one line each, flushed and synced so an interruption loses at most the last."""
 
     def __init__(self, path: Path) -> None:
-        self.handle = open(path, "a", encoding="utf-8")
+        self.handle = open(path, "a", encoding="utf-8")  # noqa: SIM115  (held open across writes; close() closes it)
 
     def write(self, row: dict) -> None:
         self.handle.write(json.dumps(row) + "\n")
@@ -269,7 +271,8 @@ def encode_prompts(bench: Workbench, prompts: Sequence[Prompt], max_new_tokens: 
         if limit is not None and len(ids) + max_new_tokens > limit:
             room = limit - max_new_tokens
             if room < 1:
-                raise DraftwiseError(f"max_new_tokens {max_new_tokens} leaves no room in the target's context of {limit}")
+                raise DraftwiseError(
+                    f"max_new_tokens {max_new_tokens} leaves no room in the target's context of {limit}")
             log.info("prompt %s truncated to its last %d tokens", p.id, room)
             ids = ids[-room:]  # the same truncated ids go to every method, peers included
         out.append(ids)
@@ -457,7 +460,7 @@ def _process_main(shard: Shard, results: Any) -> None:
         results.put(("interrupted", shard.worker))
     except DraftwiseError as exc:
         results.put(("error", str(exc)))
-    except BaseException as exc:  # noqa: BLE001 — report any crash to the parent, then exit
+    except BaseException as exc:  # report any crash to the parent, then exit
         results.put(("error", f"worker {shard.worker} crashed: {type(exc).__name__}: {exc}"))
 
 
@@ -485,7 +488,8 @@ def rows_in_processes(shards: Sequence[Shard]) -> Iterator[dict]:
             except queue_module.Empty:
                 dead = [p for p in procs if p.exitcode not in (None, 0)]
                 if dead:
-                    raise DraftwiseError(f"a bench worker died (exit code {dead[0].exitcode}); rerun to resume")
+                    raise DraftwiseError(
+                        f"a bench worker died (exit code {dead[0].exitcode}); rerun to resume") from None
                 continue
             if kind == "row":
                 yield payload

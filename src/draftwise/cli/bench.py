@@ -62,7 +62,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--router-train", default=None, metavar="FILE",
                    help="router training JSONL: prompt + drafter (or domain) per line (default: the router "
                    "shipped with the zoo, else one trained on the zoo corpus's train split)")
-    p.add_argument("--warmup-tokens", type=int, default=16, help="length of each method's untimed warm-up run (0: none)")
+    p.add_argument("--warmup-tokens", type=int, default=16,
+                   help="length of each method's untimed warm-up run (0: none)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
     p.add_argument("--dtype", default="float32", help="model dtype (default float32)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")

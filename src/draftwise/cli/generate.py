@@ -25,7 +25,8 @@ def register(subparsers: Any) -> None:
         "drafter plus pld and suffix.",
     )
     p.add_argument("prompt", nargs="?", help="the prompt text; read from stdin when omitted or '-'")
-    p.add_argument("--target", default=None, help="target model: local path, hub id or zoo:target (default: zoo:target)")
+    p.add_argument("--target", default=None,
+                   help="target model: local path, hub id or zoo:target (default: zoo:target)")
     p.add_argument("--drafter", action="append", default=None, metavar="SPEC",
                    help="a drafter (repeatable): model path or hub id, zoo:NAME, zoo:all, pld, suffix, with options "
                    "such as pld:max_ngram=4 (default with the zoo target: zoo:all, pld, suffix; else none)")
@@ -38,7 +39,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
     p.add_argument("--draft-len", type=int, default=None, help="draft tokens per round (default 4, or the preset's)")
-    p.add_argument("--arms", default=None, help="what the policy chooses among: drafters, lengths, stops, drafters×stops, "
+    p.add_argument("--arms", default=None,
+                   help="what the policy chooses among: drafters, lengths, stops, drafters×stops, "
                    "cascade, or a list such as code@6+svip,pld@3,auto@4,none (DRAFTER[@LEN][+RULE]; auto = the "
                    "model drafter that best predicts the prompt). Default: the policy's own (cascade for ctx-ucb, "
                    "else drafters)")
@@ -46,19 +48,22 @@ def register(subparsers: Any) -> None:
                    help="draft budget under dynamic stopping rules (default 16, or the preset's)")
     p.add_argument("--stops", default=None, help="stopping rules of the stops layouts, comma-separated "
                    "(default: static,max-confidence,svip,adaedl,svip-difference,logit-margin)")
-    p.add_argument("--arm-drafter", default=None, help="the drafter of the lengths / stops layouts (default: the first), or the "
+    p.add_argument("--arm-drafter", default=None,
+                   help="the drafter of the lengths / stops layouts (default: the first), or the "
                    "lookup of the cascade layout (default: pld)")
     p.add_argument("--drafter-head-dtype", choices=("auto", "float32", "bfloat16"), default=None,
                    help="LM head of small drafters and white-box heads: auto (default) = bfloat16 where the CPU "
                    "multiplies it natively, else float32; outputs are unaffected (the target decides every token)")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop once this text appears (repeatable)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop once this text appears (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     p.add_argument("--truncate", action="store_true", help="keep the last tokens of a prompt too long for the context")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap the prompt in the tokenizer's chat template (default: when it has one)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's choice; 1 is often fastest for small models or a busy CPU)")
+                   help="torch CPU threads (default: torch's choice; "
+                        "1 is often fastest for small models or a busy CPU)")
     p.add_argument("--dtype", default="float32", help="float32 (default), float16 or bfloat16")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     p.add_argument("--trace", metavar="FILE", help="write the per-round trace as JSONL")

@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--queries", type=int, help="queries per seed (default: the scenario's)")
     parser.add_argument("--tokens", type=int, help="fixed response length B in tokens (default: log-normal lengths)")
     parser.add_argument("--median-tokens", type=float, help="median of the log-normal response lengths")
-    parser.add_argument("--rho", type=float, help="Markov persistence of acceptance probabilities between positions (default 0)")
+    parser.add_argument("--rho", type=float,
+                        help="Markov persistence of acceptance probabilities between positions (default 0)")
     parser.add_argument("--kappa", type=float, help="Beta concentration of acceptance probabilities (default 2)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run)
@@ -104,13 +105,17 @@ def check_numbers(args: argparse.Namespace) -> None:
 def format_table(result: dict[str, Any]) -> str:
     """A readable table: one line per policy, mean ± std over seeds."""
     tokens = result["tokens"]
-    length = f"B = {tokens}" if isinstance(tokens, int) else f"log-normal lengths, median {tokens['median']:g}, cap {tokens['max']}"
+    if isinstance(tokens, int):
+        length = f"B = {tokens}"
+    else:
+        length = f"log-normal lengths, median {tokens['median']:g}, cap {tokens['max']}"
     oracle = result["oracle"]
     lines = [
         f"scenario {result['scenario']}: {result['seeds']} seeds × {result['queries']} queries, {length}",
         f"oracle (best fixed drafter per domain in hindsight): MAT {oracle['mat']:.3f} ± {oracle['mat_std']:.3f}",
         "",
-        f"{'policy':32s} {'MAT':>15s} {'calls/query':>12s} {'regret':>15s} {'best-arm':>9s} {'best@50':>8s} {'speedup':>14s}",
+        f"{'policy':32s} {'MAT':>15s} {'calls/query':>12s} {'regret':>15s} "
+        f"{'best-arm':>9s} {'best@50':>8s} {'speedup':>14s}",
     ]
     for name, m in result["policies"].items():
         lines.append(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from draftwise.registry import Registry
 
@@ -29,7 +29,8 @@ def list_action(args: argparse.Namespace) -> int:
     width = max([4, *(len(e.name) for e in entries)])  # the name column fits the longest name
     print(f"{'name':<{width}} {'role':<8} {'domains':<48} {'params':>9} {'size':>9}")
     for e in entries:
-        print(f"{e.name:<{width}} {e.role:<8} {','.join(e.domains):<48} {e.params / 1e6:>8.2f}M {e.bytes / 1e6:>7.1f}MB")
+        print(f"{e.name:<{width}} {e.role:<8} {','.join(e.domains):<48} "
+              f"{e.params / 1e6:>8.2f}M {e.bytes / 1e6:>7.1f}MB")
     return 0
 
 

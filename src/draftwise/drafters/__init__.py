@@ -13,8 +13,10 @@ states: ``eagle:head=PATH``, ``medusa:head=PATH`` (same tree options, ``head`` m
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+from draftwise.drafters import eagle, medusa  # noqa: F401  (register the head kinds)
 from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter, ModelDrafter, SharedForwards
 from draftwise.drafters.draft_shapes import TreeOptions, draft_chain, draft_tree
 from draftwise.drafters.lm import LMDrafter
@@ -23,14 +25,13 @@ from draftwise.drafters.retrieval import RetrievalDrafter  # registers `rest`
 from draftwise.drafters.stopping import STOP_RULES, StopRule, make_stop_rule
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.drafters.whitebox import HEAD_KINDS, WhiteBoxDrafter, load_head_drafter
-from draftwise.drafters import eagle, medusa  # noqa: F401, I001  (register the head kinds)
 from draftwise.errors import DraftwiseError
 from draftwise.loading import LoadOptions, load_causal_lm
 from draftwise.options import keyword_defaults, split_spec, typed_options
 
 __all__ = ["DRAFTERS", "HEAD_KINDS", "STOP_RULES", "Draft", "DraftContext", "Drafter", "LMDrafter", "ModelDrafter",
-           "PromptLookupDrafter", "RetrievalDrafter", "SharedForwards", "StopRule", "SuffixDrafter", "TreeOptions", "WhiteBoxDrafter",
-           "build_drafters", "draft_chain", "draft_tree", "drafter_kinds", "make_stop_rule"]
+           "PromptLookupDrafter", "RetrievalDrafter", "SharedForwards", "StopRule", "SuffixDrafter", "TreeOptions",
+           "WhiteBoxDrafter", "build_drafters", "draft_chain", "draft_tree", "drafter_kinds", "make_stop_rule"]
 
 WHITE_BOX_KINDS = ("eagle", "medusa")  # spec heads that load a head checkpoint onto the target
 ZOO_HEADS = "zoo:heads"

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -83,7 +84,8 @@ class Drafter(ABC):
         return copy.deepcopy(self)
 
     # -- how it would have fared along verified tokens (routing and the evaluation phase) ----------
-    def first_tokens_along(self, context: Sequence[int], verified: Sequence[int], ctx: DraftContext) -> list[int | None]:
+    def first_tokens_along(self, context: Sequence[int], verified: Sequence[int],
+                           ctx: DraftContext) -> list[int | None]:
         """What this (deterministic) drafter would have proposed first at each verified position:
         after ``context``, after ``context + verified[:1]``, … (the evaluation phase's counterfactual).
         Its state moves forward over ``verified`` as it would by drafting there."""

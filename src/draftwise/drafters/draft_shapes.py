@@ -9,8 +9,8 @@ evaluation phase's counterfactual acceptance.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 
@@ -53,7 +53,7 @@ class TreeOptions:
     shape: tuple[int, ...] = (2, 2, 1, 1)
 
     @classmethod
-    def parse(cls, tree: str = "", topk: int = 4, budget: int = 0, depth: int = 0, shape: str = "") -> "TreeOptions":
+    def parse(cls, tree: str = "", topk: int = 4, budget: int = 0, depth: int = 0, shape: str = "") -> TreeOptions:
         kind = tree or "chain"
         if kind not in TREE_KINDS:
             raise DraftwiseError(f"unknown tree kind {tree!r}; valid: chain, dynamic, static, sampled")
@@ -208,7 +208,8 @@ def draft_chain(logits: torch.Tensor, advance: Callable[[int], torch.Tensor], ma
     return Draft(tokens, torch.stack(rows) if rows else None)
 
 
-def draft_tree(opts: TreeOptions, logits: torch.Tensor, expand_logits: Expand, max_len: int, ctx: DraftContext) -> Draft:
+def draft_tree(opts: TreeOptions, logits: torch.Tensor, expand_logits: Expand, max_len: int,
+               ctx: DraftContext) -> Draft:
     """A draft tree of shape ``opts`` from the drafter's logits after the context (V,).
 
     ``expand_logits(tokens, parents)`` feeds tree nodes to the drafter and returns its logits

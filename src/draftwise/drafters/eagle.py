@@ -13,8 +13,9 @@ the next sync, because the verified tokens get their true hidden states from the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +46,7 @@ def eagle_config(hidden_size: int, vocab_size: int, *, intermediate_size: int = 
     """An EAGLE head's config; widths default to a lean layer (MLP 4/3 × hidden, 2 key/value heads)."""
     heads = num_attention_heads or max(1, hidden_size // 64)
     kv = num_key_value_heads or (2 if heads % 2 == 0 else 1)
-    mlp = intermediate_size or int(round(hidden_size * 4 / 3 / 64)) * 64 or hidden_size
+    mlp = intermediate_size or round(hidden_size * 4 / 3 / 64) * 64 or hidden_size
     return HeadConfig("eagle", hidden_size, vocab_size, intermediate_size=mlp, num_attention_heads=heads,
                       num_key_value_heads=kv, **extra)
 

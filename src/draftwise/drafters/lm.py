@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -53,4 +54,5 @@ class LMDrafter(ModelDrafter):
 
     def describe(self) -> dict[str, Any]:
         tree = {} if self.tree.kind == "chain" else {"tree": self.tree.__dict__}
-        return {**super().describe(), **tree, "model": self.source, "params": sum(p.numel() for p in self.model.parameters())}
+        params = sum(p.numel() for p in self.model.parameters())
+        return {**super().describe(), **tree, "model": self.source, "params": params}

@@ -9,8 +9,9 @@ heads do not see each other's tokens, so a draft is one forward for all k positi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
 
@@ -83,7 +84,8 @@ class PromptLookupDrafter(Drafter):
             return Draft([])
         return Draft(_cut_at_eos(list(context[start : start + max_len]), ctx.eos_ids))
 
-    def first_tokens_along(self, context: Sequence[int], verified: Sequence[int], ctx: DraftContext) -> list[int | None]:
+    def first_tokens_along(self, context: Sequence[int], verified: Sequence[int],
+                           ctx: DraftContext) -> list[int | None]:
         """``propose(…, 1)`` at each verified position, without building drafts."""
         sequence = list(context)
         out: list[int | None] = []

@@ -16,7 +16,8 @@ The datastore (:mod:`draftwise.datastore`) is a stream of token ids with its suf
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from draftwise.datastore import Datastore
 from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
@@ -47,7 +48,8 @@ class RetrievalDrafter(Drafter):
         name: str = "rest",
     ) -> None:
         if not store:
-            raise DraftwiseError("rest: needs store=DIR, a datastore folder (build one with 'draftwise datastore build')")
+            raise DraftwiseError(
+                "rest: needs store=DIR, a datastore folder (build one with 'draftwise datastore build')")
         if max_match < 1 or not 1 <= min_match <= max_match or sample < 1 or not 0 <= min_prob <= 1 or tree < 0:
             raise DraftwiseError(
                 "rest: need max_match ≥ 1, 1 ≤ min_match ≤ max_match, sample ≥ 1, 0 ≤ min_prob ≤ 1, tree ≥ 0 "

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -189,7 +190,8 @@ class TokenLevelTapOut(StopRule):
     would have been accepted — reward 1 if not (stopping was right), 0 if so.
     """
 
-    def __init__(self, *, learner: str = "ts-beta", rules: str = "static/max-confidence/svip/adaedl/svip-difference/logit-margin",
+    def __init__(self, *, learner: str = "ts-beta",
+                 rules: str = "static/max-confidence/svip/adaedl/svip-difference/logit-margin",
                  positions: int = 128, rng: Any = None) -> None:
         import numpy as np
 

@@ -12,7 +12,8 @@ across queries.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
 from draftwise.errors import DraftwiseError
@@ -233,7 +234,8 @@ class SuffixDrafter(Drafter):
                 node, length = other, other_length
         return node, length
 
-    def first_tokens_along(self, context: Sequence[int], verified: Sequence[int], ctx: DraftContext) -> list[int | None]:
+    def first_tokens_along(self, context: Sequence[int], verified: Sequence[int],
+                           ctx: DraftContext) -> list[int | None]:
         """``propose(…, 1)`` at each verified position, without building drafts: the most frequent
         child of the deepest matching node (local trie, else the earlier responses' trie)."""
         if self.branches > 1:

@@ -19,9 +19,10 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -61,7 +62,7 @@ class HeadConfig:
         return {MARKER: self.kind, **{k: v for k, v in asdict(self).items() if k != "kind"}}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], where: str) -> "HeadConfig":
+    def from_json(cls, data: dict[str, Any], where: str) -> HeadConfig:
         if MARKER not in data:
             raise DraftwiseError(f"{where} is not a draftwise head checkpoint (config.json lacks {MARKER!r})")
         known = {f.name for f in fields(cls)}
@@ -231,7 +232,7 @@ class WhiteBoxDrafter(ModelDrafter):
             return self.lm_head(features).float()
         return torch.nn.functional.linear(features.to(self.head_dtype), self.head_weight).float()
 
-    def fresh(self) -> "WhiteBoxDrafter":
+    def fresh(self) -> WhiteBoxDrafter:
         """A copy with no query state; the head's weights and the target's embedding and LM head are shared."""
         shared = [self.embed, self.lm_head, self.head_weight, *self.head_module().parameters()]
         return copy.deepcopy(self, {id(t): t for t in shared if t is not None})

@@ -11,7 +11,7 @@ all pending tokens in one short forward, drafters on one bank in one batched for
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -67,7 +67,8 @@ class Engine:
         self.last_query: QueryState | None = None  # the latest query (its routed drafters, for inspection)
 
     # -- a query ------------------------------------------------------------------------------------
-    def start(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator | None) -> tuple[QueryState, float, float]:
+    def start(self, prompt: Sequence[int], settings: QuerySettings,
+              generator: torch.Generator | None) -> tuple[QueryState, float, float]:
         """A new query: its state, its prompt's prefill and routing. Returns the state and the
         seconds spent on the target (a white-box prefill) and on the drafters (routing, prior)."""
         self.policy.begin_query()
@@ -216,7 +217,8 @@ class Engine:
         self.hidden.share(query)
         return new
 
-    def _feedback(self, query: QueryState, record: RoundRecord, before: int, new: list[int], verified: Verified) -> None:
+    def _feedback(self, query: QueryState, record: RoundRecord, before: int, new: list[int],
+                  verified: Verified) -> None:
         """5. feedback. Bandit policies learn now; full-information ones once the evaluation phase
         has scored every drafter on the verified tokens, which they may defer and batch
         (HedgeSpec's skipping updates): deferred rounds are delivered later, in order."""

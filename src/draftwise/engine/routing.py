@@ -9,8 +9,8 @@ best; the prompt prior turns the fit into a policy's warm start.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from draftwise.arms import Arm
 from draftwise.drafters import DraftContext, Drafter

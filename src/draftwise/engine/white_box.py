@@ -8,7 +8,7 @@ round 1 on.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from draftwise.cached_lm import CachedLM
 from draftwise.drafters import Drafter

@@ -10,7 +10,7 @@ never sees a loss before it is revealed.
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -75,7 +75,8 @@ class TokenGame:
     def add(self, gammas: np.ndarray) -> list[np.ndarray]:
         gammas = np.asarray(gammas, dtype=float)
         if gammas.ndim != 2 or gammas.shape[0] != self._gammas.shape[0]:
-            raise DraftwiseError(f"counterfactual must be (arms={self._gammas.shape[0]}, positions), got {gammas.shape}")
+            raise DraftwiseError(
+                f"counterfactual must be (arms={self._gammas.shape[0]}, positions), got {gammas.shape}")
         end = self.frontier + gammas.shape[1]
         if end > self._gammas.shape[1]:
             grown = np.zeros((self._gammas.shape[0], max(end, 2 * self._gammas.shape[1])))
@@ -86,7 +87,12 @@ class TokenGame:
         # positions whose loss is now computable: acceptance losses at once, length losses once
         # their K-token window is verified
         first = self.next_position
-        accept_until = self.frontier if self.kind == "accept" else min(self.switch, self.frontier) if self.kind == "hybrid" else 0
+        if self.kind == "accept":
+            accept_until = self.frontier
+        elif self.kind == "hybrid":
+            accept_until = min(self.switch, self.frontier)
+        else:
+            accept_until = 0
         accept_until = max(accept_until, first)
         length_until = max(self.frontier - self.depth + 1, accept_until) if self.kind != "accept" else accept_until
         out: list[np.ndarray] = []

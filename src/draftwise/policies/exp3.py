@@ -8,7 +8,8 @@ exponentiated sums overflow a float.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 

@@ -7,7 +7,8 @@ early trade a little regret for few switches (MetaSD §H.1).
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

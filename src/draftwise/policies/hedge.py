@@ -13,7 +13,8 @@ The base learners are small classes over numpy arrays: ``probs()`` and ``update(
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

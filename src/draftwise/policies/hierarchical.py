@@ -8,7 +8,8 @@ learn from every round they took part in, each with its own reward signal. Best 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

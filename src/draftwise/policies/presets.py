@@ -29,22 +29,32 @@ def _preset(name: str, preset: Preset) -> None:
 
 
 # MetaSD: bandits over heterogeneous drafters, BD reward, β = 0.01 (§F.4), N_max = 5 in its tables.
-_preset("metasd-ucb", Preset("ucb", {"beta": "0.01", "reward": "bd"}, summary="MetaSD-UCB (Alg. 2): UCB1, β 0.01, BD reward"))
-_preset("metasd-exp3", Preset("exp3", {"gamma": "0.4", "reward": "bd"}, summary="MetaSD-EXP3 (Alg. 7): γ 0.4, BD reward"))
-_preset("metasd-sh", Preset("halving", {"period": "1", "reward": "bd"}, summary="MetaSD Sequential Halving (Alg. 5), period 1"))
-_preset("metasd-petc", Preset("petc", {"reward": "bd"}, summary="MetaSD PETC (Alg. 4): halving for c·ln B rounds, then commit"))
-_preset("metasd-ducb", Preset("ducb", {"reward": "bd"}, summary="MetaSD Discounted UCB (Alg. 6) for non-stationary prompts"))
-_preset("metasd-swucb", Preset("swucb", {"reward": "bd"}, summary="MetaSD Sliding-window UCB (Alg. 8) for non-stationary prompts"))
+_preset("metasd-ucb", Preset("ucb", {"beta": "0.01", "reward": "bd"},
+                             summary="MetaSD-UCB (Alg. 2): UCB1, β 0.01, BD reward"))
+_preset("metasd-exp3", Preset("exp3", {"gamma": "0.4", "reward": "bd"},
+                              summary="MetaSD-EXP3 (Alg. 7): γ 0.4, BD reward"))
+_preset("metasd-sh", Preset("halving", {"period": "1", "reward": "bd"},
+                            summary="MetaSD Sequential Halving (Alg. 5), period 1"))
+_preset("metasd-petc", Preset("petc", {"reward": "bd"},
+                              summary="MetaSD PETC (Alg. 4): halving for c·ln B rounds, then commit"))
+_preset("metasd-ducb", Preset("ducb", {"reward": "bd"},
+                              summary="MetaSD Discounted UCB (Alg. 6) for non-stationary prompts"))
+_preset("metasd-swucb", Preset("swucb", {"reward": "bd"},
+                               summary="MetaSD Sliding-window UCB (Alg. 8) for non-stationary prompts"))
 # BanditSpec: accepted length as reward over drafters (§6.1), throughput over draft lengths (§6.2).
-_preset("banditspec-ucb", Preset("ucbspec", {"reward": "length"}, summary="BanditSpec UCBSpec (Alg. 4) over drafters, accepted-length reward"))
-_preset("banditspec-exp3", Preset("exp3spec", {"reward": "length"}, summary="BanditSpec EXP3Spec (Alg. 5) over drafters"))
+_preset("banditspec-ucb", Preset("ucbspec", {"reward": "length"},
+                                 summary="BanditSpec UCBSpec (Alg. 4) over drafters, accepted-length reward"))
+_preset("banditspec-exp3", Preset("exp3spec", {"reward": "length"},
+                                  summary="BanditSpec EXP3Spec (Alg. 5) over drafters"))
 _preset("banditspec-length", Preset("ucbspec", {"reward": "throughput"}, arms="lengths",
-                                    summary="BanditSpec §6.2: UCBSpec over draft lengths 0..L of one drafter, throughput reward"))
+                                    summary="BanditSpec §6.2: UCBSpec over draft lengths 0..L of one drafter, "
+                                            "throughput reward"))
 # HedgeSpec: NormalHedge on every drafter's counterfactual, §B.5 heuristics (6 warm-up rounds,
 # batches of 12 rounds, evaluation every 6 tokens, acceptance loss for the first 3 vectors).
 _preset("hedgespec", Preset("normalhedge", {"loss": "hybrid", "game": "chunk", "switch": "3", "warmup": "6",
                                             "every": "12", "skip": "6"},
-                            summary="HedgeSpec: NormalHedge, length loss, chunk game, delayed feedback, hybrid loss, skipping updates"))
+                            summary="HedgeSpec: NormalHedge, length loss, chunk game, delayed feedback, hybrid loss, "
+                                    "skipping updates"))
 # TapOut: a bandit over dynamic stopping rules of one drafter; "unbounded" drafts (128 in the paper,
 # 32 here: our drafters are small and the rules stop long before), blend reward α = 0.5.
 _preset("tapout-seq-ucb1", Preset("ucb1", {"reward": "blend"}, arms="stops", max_draft=32, draft_len=6,
@@ -55,7 +65,8 @@ _preset("tapout-seq-ts", Preset("ts-gaussian", {"reward": "blend"}, arms="stops"
                                 summary="TapOut sequence level: Gaussian Thompson sampling over stopping rules"))
 _preset("tapout-token-ts", Preset("fixed", {"arm": "0"}, arms="stops", max_draft=32,
                                   stops=("tapout-token:learner=ts-beta",),
-                                  summary="TapOut token level: per-position Beta-Bernoulli Thompson sampling over rules"))
+                                  summary="TapOut token level: per-position Beta-Bernoulli Thompson sampling "
+                                          "over rules"))
 _preset("tapout-token-ucb1", Preset("fixed", {"arm": "0"}, arms="stops", max_draft=32,
                                     stops=("tapout-token:learner=ucb1",),
                                     summary="TapOut token level: per-position UCB1 over rules"))

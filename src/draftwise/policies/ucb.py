@@ -8,7 +8,8 @@ familiar "c = √2" of μ̂ + c·sqrt(ln t / n).
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 

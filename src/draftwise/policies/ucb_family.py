@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -74,14 +75,16 @@ def draw_queries(scenario: Scenario, seed: int, queries: int, tokens: int | None
         # each domain of the query covers an equal share of the response (a switch mid-response)
         domain = np.array(segments)[np.minimum(np.arange(size) * len(segments) // int(length), len(segments) - 1)]
         alpha = scenario.alpha[:, domain].T  # (positions, arms)
-        out.append(Query(int(kind), int(length), domain, draw_gammas(alpha, scenario.kappa, scenario.rho, rng), rng.random(size)))
+        out.append(Query(int(kind), int(length), domain, draw_gammas(alpha, scenario.kappa, scenario.rho, rng),
+                         rng.random(size)))
     return out
 
 
 def fixed_rounds(scenario: Scenario, query: Query) -> np.ndarray:
     """Rounds each fixed drafter needs on ``query`` (same γ and uniforms as the policies see)."""
     failure = next_failure(query.uniforms[:, None] < query.gammas)
-    return np.array([fixed_arm_rounds(failure[:, i], query.tokens, scenario.max_draft) for i in range(len(scenario.arms))])
+    return np.array([fixed_arm_rounds(failure[:, i], query.tokens, scenario.max_draft)
+                     for i in range(len(scenario.arms))])
 
 
 def run_query(policy: Policy, scenario: Scenario, query: Query) -> QueryResult:

@@ -8,8 +8,8 @@ speedup is B / (Σ round costs).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -112,7 +112,8 @@ def draft_cost_from_throughput(mat: np.ndarray, tps: np.ndarray, ar_tps: np.ndar
     return float((np.median(per_round) - 1.0) / max_draft)
 
 
-def _hedgespec(name: str, model: str, mat: np.ndarray, tps: np.ndarray, ar: np.ndarray, median: float, cap: int) -> Scenario:
+def _hedgespec(name: str, model: str, mat: np.ndarray, tps: np.ndarray, ar: np.ndarray, median: float,
+               cap: int) -> Scenario:
     L = HEDGESPEC_CHUNK - 1
     return Scenario(
         name=name,
@@ -143,7 +144,8 @@ def hedgespec_llama() -> Scenario:
 @SCENARIOS.register("hedgespec-qwen")
 def hedgespec_qwen() -> Scenario:
     """HedgeSpec Table 6 (Qwen-3-8B): answers ≈ 1.64× longer (HedgeSpec §4.3.2), median and cap scaled."""
-    return _hedgespec("hedgespec-qwen", "Table 6, Qwen-3-8B", QWEN_MAT, QWEN_TPS, QWEN_AR_TPS, 300.0 * 1.64, int(1024 * 1.64))
+    return _hedgespec("hedgespec-qwen", "Table 6, Qwen-3-8B", QWEN_MAT, QWEN_TPS, QWEN_AR_TPS,
+                      300.0 * 1.64, int(1024 * 1.64))
 
 
 # -- scaling-N: one good drafter per domain among N ---------------------------------------------
@@ -210,7 +212,8 @@ def metasd_alpha() -> np.ndarray:
     return alpha_table(np.maximum(mat, 1.0), METASD_NMAX + 1)
 
 
-def _metasd(name: str, description: str, query_types: tuple[tuple[int, ...], ...], queries: int, policies: tuple[str, ...]) -> Scenario:
+def _metasd(name: str, description: str, query_types: tuple[tuple[int, ...], ...], queries: int,
+            policies: tuple[str, ...]) -> Scenario:
     c = metasd_draft_cost()
     return Scenario(
         name=name,

@@ -22,9 +22,10 @@ import json
 import logging
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -136,7 +137,7 @@ def mix_examples(token_lists: list[list[int]], passes: float, rng: np.random.Gen
     remaining = passes
     while remaining > 1e-9:
         order = rng.permutation(len(token_lists))
-        take = order if remaining >= 1 else order[: int(round(remaining * len(token_lists)))]
+        take = order if remaining >= 1 else order[: round(remaining * len(token_lists))]
         chosen.extend(token_lists[i] for i in take)
         remaining -= 1
     return chosen
@@ -193,7 +194,7 @@ def tokens_stage(ctx: BuildContext) -> None:
     order = rng.permutation(len(mix))
     stream = concat([mix[i] for i in order])
     np.save(ctx.path("tokens", "target_mix.npy"), stream)
-    update_meta(ctx, train_tokens_per_domain=counts, target_mix_tokens=int(len(stream)))
+    update_meta(ctx, train_tokens_per_domain=counts, target_mix_tokens=len(stream))
 
 
 @stage("target")
@@ -212,7 +213,8 @@ def target_stage(ctx: BuildContext) -> None:
         return next_token_loss(m, rows[torch.from_numpy(index)].long(), ids.pad)
 
     state = train_loop(
-        model, len(rows), loss_of_rows, b.target_train, b.seed, ctx.path("checkpoints", "target.pt"), "target", ctx.progress
+        model, len(rows), loss_of_rows, b.target_train, b.seed, ctx.path("checkpoints", "target.pt"), "target",
+        ctx.progress,
     )
     save_hf(model, tokenizer, ctx.path("models", TARGET))
     update_meta(ctx, target={"params": count_params(model), "shape": asdict(b.target_shape), **asdict(state)})
@@ -262,7 +264,7 @@ def drafter_plan(budget: BuildBudget) -> dict[str, tuple[tuple[str, ...], TrainC
     """Drafter name → (domains it is distilled on, its training schedule)."""
     plan: dict[str, tuple[tuple[str, ...], TrainConfig]] = {d: ((d,), budget.drafter_train) for d in SPECIALIST_DOMAINS}
     general = budget.drafter_train
-    steps = int(round(general.steps * budget.generalist_steps_factor))
+    steps = round(general.steps * budget.generalist_steps_factor)
     plan[GENERALIST] = (
         DOMAINS,
         TrainConfig(steps, general.batch, general.seq_len, general.lr, general.warmup, general.weight_decay,

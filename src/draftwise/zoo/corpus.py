@@ -29,9 +29,9 @@ import os
 import re
 import sysconfig
 import textwrap
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -181,7 +181,8 @@ def ntrex128(data: Path, limits: SourceLimits) -> SourceSplit:
             if not source_text.strip() or not reference.strip():
                 continue
             example = Example(
-                "translation", "ntrex128", f"Translate from English to {language}:\n{clean(source_text)}", clean(reference)
+                "translation", "ntrex128", f"Translate from English to {language}:\n{clean(source_text)}",
+                clean(reference),
             )
             # whole news documents are held out (15%), so no article leaks into training
             (heldout if stable_fraction("ntrex:" + document) < 0.15 else train).append(example)
@@ -277,7 +278,9 @@ def nq_open(data: Path, limits: SourceLimits) -> SourceSplit:
 
 # --- text every Python installation carries: the standard library's source and pydoc topics
 
-SKIPPED_STDLIB_PARTS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo", "__pycache__", "ensurepip"}
+SKIPPED_STDLIB_PARTS = {
+    "test", "tests", "idlelib", "lib2to3", "site-packages", "turtledemo", "__pycache__", "ensurepip",
+}
 
 
 def stdlib_root() -> Path:

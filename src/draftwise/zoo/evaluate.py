@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -41,7 +42,7 @@ class RoundStats:
     accepted: int  # accepted draft tokens
     drafted: int  # proposed draft tokens
 
-    def __add__(self, other: "RoundStats") -> "RoundStats":
+    def __add__(self, other: RoundStats) -> RoundStats:
         return RoundStats(*(a + b for a, b in zip(asdict(self).values(), asdict(other).values())))
 
     @property

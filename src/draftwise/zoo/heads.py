@@ -30,9 +30,10 @@ import json
 import logging
 import operator
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -105,7 +106,7 @@ class HiddenSet:
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
-    def batch(self, index: np.ndarray) -> "HiddenSet":
+    def batch(self, index: np.ndarray) -> HiddenSet:
         picked = torch.from_numpy(index)
         return HiddenSet(self.tokens[picked], self.hidden[picked].float(), self.top_ids[picked],
                          self.top_logprobs[picked].float())
@@ -136,7 +137,7 @@ def save_hidden(data: HiddenSet, path: Path) -> None:
 
 def load_hidden(paths: list[Path]) -> HiddenSet:
     parts = [np.load(p) for p in paths]
-    cat = lambda key: torch.from_numpy(np.concatenate([p[key] for p in parts]))  # noqa: E731
+    cat = lambda key: torch.from_numpy(np.concatenate([p[key] for p in parts]))
     return HiddenSet(cat("tokens").long(), cat("hidden"), cat("top_ids").long(), cat("top_logprobs"))
 
 
@@ -239,8 +240,8 @@ def head_plan(budget: HeadsBudget) -> dict[str, tuple[str, tuple[str, ...], Trai
 
 def head_config(ctx: HeadsContext, kind: str, domains: tuple[str, ...]) -> HeadConfig:
     hidden, vocab = target_dims(ctx.target)
-    extra: dict[str, Any] = dict(target=ctx.target_name, target_fingerprint=lm_head_fingerprint(ctx.target), domains=domains,
-                 rms_norm_eps=float(getattr(ctx.target.config, "rms_norm_eps", 1e-6)))
+    extra: dict[str, Any] = dict(target=ctx.target_name, target_fingerprint=lm_head_fingerprint(ctx.target),
+                                 domains=domains, rms_norm_eps=float(getattr(ctx.target.config, "rms_norm_eps", 1e-6)))
     if kind == "eagle":
         return eagle_config(hidden, vocab, intermediate_size=ctx.budget.eagle_intermediate, **extra)
     return medusa_config(hidden, vocab, ctx.budget.medusa_heads, **extra)
@@ -289,7 +290,8 @@ def train_head(ctx: HeadsContext, name: str, kind: str, domains: tuple[str, ...]
         batch = data.batch(index)
         if kind == "eagle":
             # the noise is a pure function of the batch (itself a function of seed and step): resuming is exact
-            noise = torch.Generator().manual_seed(int(np.random.default_rng([b.seed, *index.tolist()]).integers(1 << 62)))
+            seed = int(np.random.default_rng([b.seed, *index.tolist()]).integers(1 << 62))
+            noise = torch.Generator().manual_seed(seed)
             return eagle_loss(model, embed, lm, batch, b.ce_weight, b.feature_noise, noise, b.unroll)
         return medusa_loss(model, lm, batch)
 
@@ -355,7 +357,10 @@ def corpus_streams(data: Path, tokenizer: Any, corpus_budget: str) -> dict[str, 
     streams = {}
     for domain in DOMAINS:
         encoded = encode_examples(tokenizer, corpus.train[domain])
-        streams[domain] = np.concatenate([np.asarray(t, dtype=np.int64) for t in encoded]) if encoded else np.zeros(0, np.int64)
+        if encoded:
+            streams[domain] = np.concatenate([np.asarray(t, dtype=np.int64) for t in encoded])
+        else:
+            streams[domain] = np.zeros(0, np.int64)
     return streams
 
 
@@ -382,7 +387,7 @@ def install_heads(heads: Path, dest: Path | None = None) -> list[dict[str, Any]]
         from safetensors import safe_open
 
         with safe_open(str(folder / "model.safetensors"), "pt") as f:
-            params = sum(int(np.prod(f.get_slice(k).get_shape())) for k in f.keys())
+            params = sum(int(np.prod(f.get_slice(k).get_shape())) for k in f.keys())  # noqa: SIM118  (safe_open has no __iter__)
         entries.append({"name": folder.name, "role": "head", "kind": config.kind, "domains": list(config.domains),
                         "params": params})
     names = {e["name"] for e in entries}

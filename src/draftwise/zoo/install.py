@@ -27,7 +27,7 @@ BUILD_SUMMARY_KEYS = ("budget", "seed", "environment", "corpus", "train_tokens_p
 
 def model_roles() -> dict[str, tuple[str, tuple[str, ...]]]:
     """Zoo model name → (role, domains it learned from)."""
-    roles = {TARGET: ("target", DOMAINS), GENERALIST: ("drafter", DOMAINS)}
+    roles: dict[str, tuple[str, tuple[str, ...]]] = {TARGET: ("target", DOMAINS), GENERALIST: ("drafter", DOMAINS)}
     roles.update({d: ("drafter", (d,)) for d in SPECIALIST_DOMAINS})
     return roles
 
@@ -51,7 +51,8 @@ def install_zoo(build: Path, dest: Path | None = None) -> Path:
     models = build / "models"
     missing = [name for name in model_roles() if not (models / name / "model.safetensors").exists()]
     if missing:
-        raise DraftwiseError(f"zoo install: {build} lacks finished models {missing}; finish `draftwise zoo build` first")
+        raise DraftwiseError(
+            f"zoo install: {build} lacks finished models {missing}; finish `draftwise zoo build` first")
     dest.mkdir(parents=True, exist_ok=True)
     entries = []
     for name, (role, domains) in model_roles().items():
