@@ -205,7 +205,7 @@ class Engine:
         eos = next((i for i, token in enumerate(new) if token in query.settings.eos_ids), None)
         if eos is not None:
             new, query.stopped_by = new[: eos + 1], "eos"
-        before, generated = len(query.context), query.generated
+        before = len(query.context)
         query.context.extend(new)
         check = query.settings.stop_check
         if check is not None and query.stopped_by is None:
@@ -213,7 +213,6 @@ class Engine:
             if keep is not None:
                 del query.context[query.prompt_len + keep :]
                 new, query.stopped_by = query.context[before:], "stop_string"
-        del generated
         self.hidden.share(query)
         return new
 
