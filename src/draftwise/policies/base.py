@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -130,8 +130,9 @@ class Policy(ABC):
         raise DraftwiseError(f"{type(self).__name__} has no warm-start prior")
 
     # -- decisions and feedback ------------------------------------------------------------
-    def set_context(self, key: tuple[bool, ...]) -> None:
-        """Before ``select``: which of the ``context_on`` drafters have a proposal this round."""
+    def set_context(self, key: tuple[Hashable, ...]) -> None:
+        """Before ``select``: which of the ``context_on`` drafters have a proposal this round
+        (a caller may add more to the key, e.g. a load bucket)."""
 
     @abstractmethod
     def select(self) -> int:

@@ -28,7 +28,7 @@ where they do better.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,7 @@ from draftwise.errors import DraftwiseError
 from draftwise.policies.base import register_policy
 from draftwise.policies.ucb import UCBPolicy
 
-Context = tuple[bool, ...] | None
+Context = tuple[Hashable, ...] | None
 NONE = "none"  # the no-speculation arm (draftwise.arms.NONE, not imported: policies run without torch)
 
 
@@ -85,7 +85,7 @@ class ContextualUCBPolicy(UCBPolicy):
             return pulls, self.prior_weight * np.asarray(self.prior, dtype=float), float(pulls.sum())
         return np.zeros(self.n_arms), np.zeros(self.n_arms), 0.0
 
-    def set_context(self, key: tuple[bool, ...]) -> None:
+    def set_context(self, key: tuple[Hashable, ...]) -> None:
         if key == self.key:
             return
         self.stored[self.key] = (self.pulls, self.sums, self.t)

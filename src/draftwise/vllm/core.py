@@ -18,18 +18,19 @@ import copy
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from draftwise.arms import Arm
+from draftwise.arms import NONE, Arm
 from draftwise.drafters import DraftContext
 from draftwise.errors import DraftwiseError
 from draftwise.policies import make_policy
 from draftwise.trace import RoundRecord
 from draftwise.vllm.batch_view import BatchView
-from draftwise.vllm.costs import StepCostModel, StepShape, attribute, batch_times, load_bucket
+from draftwise.vllm.costs import StepCostModel, StepShape, attribute, batch_times, length_cap, load_bucket
 from draftwise.vllm.options import ProposerOptions
 from draftwise.vllm.pool import DrafterPool, build_templates, default_arms, make_arms, route, stop_rules
 from draftwise.vllm.requests import Pending, RequestState, match_rows
@@ -49,6 +50,23 @@ class EngineFacts:
     eos_ids: frozenset[int] = frozenset()
 
 
+def plain_record(record: RoundRecord, arm: int, name: str) -> RoundRecord:
+    """What the no-speculation arm would have done in ``record``'s round: one token, at the cost
+    of one plain step (1 unit in plain-step time)."""
+    return RoundRecord(index=record.index, arm=arm, arm_name=name, max_draft=0, drafted=0, accepted=0, emitted=1,
+                       position=record.position, verify_s=1.0)
+
+
+def contextual_spec(policy: str, drafters: Sequence[Any]) -> str:
+    """The default policy judges its context by every lookup drafter here (PLD, suffix, REST:
+    does each have a proposal this step?), not by PLD alone, unless ``on`` is given."""
+    name, _, options = policy.partition(":")
+    lookups = [d.name for d in drafters if not hasattr(d, "next_logits")]
+    if name != "ctx-ucb" or "on=" in options or len(lookups) < 2:
+        return policy
+    return f"{name}:{options + ',' if options else ''}on={'+'.join(lookups)}"
+
+
 class ProposerCore:
     """Per-request (or batch-level) learning over a drafter pool; see the module docstring."""
 
@@ -63,7 +81,7 @@ class ProposerCore:
         self.ctx = DraftContext(eos_ids=facts.eos_ids)
         self.states: dict[str, RequestState] = {}
         self.costs = StepCostModel()
-        self.last_time: float | None = None
+        self.last_time: float | None = None  # when the previous step's propose began
         self.step_no = 0
         self.started = 0
         self.finished: list[dict[str, Any]] = []  # statistics of finished requests (also logged / written)
@@ -72,11 +90,16 @@ class ProposerCore:
             return
         layout = options.arms or default_arms(options.policy, drafters, self.draft_len)
         self.arms: list[Arm] = make_arms(layout, drafters, self.draft_len)
-        self.learner = make_policy(options.policy, [a.name for a in self.arms], np.random.default_rng(options.seed))
+        self.policy_spec = contextual_spec(options.policy, drafters)
+        self.learner = make_policy(self.policy_spec, [a.name for a in self.arms], np.random.default_rng(options.seed))
         if self.learner.full_information:
             raise DraftwiseError(f"policy {options.policy!r} needs full-information feedback (an evaluation "
                                  "phase), which the vLLM proposer does not run; use a bandit policy")
         self.context_drafters = [self._drafter_index(n) for n in self.learner.context_on]
+        names = [a.name for a in self.arms]
+        # In plain-step units a round without speculation is worth exactly one token per unit:
+        # the no-speculation arm's outcome is known every round without playing it.
+        self.none_arm = names.index(NONE) if NONE in names and options.free_none else None
 
     # -- set-up ------------------------------------------------------------------------------
     def _init_batch(self) -> None:
@@ -100,13 +123,16 @@ class ProposerCore:
     def step(self, view: BatchView | None, sampled: Sequence[Sequence[int]], num_tokens: Any,
              token_ids: Any) -> list[list[int]]:
         now = self.clock()
-        elapsed = None if self.last_time is None else now - self.last_time
+        elapsed = None if self.last_time is None else now - self.last_time  # since the last step began
+        self.last_time = now
         self.step_no += 1
         rows = len(sampled)
         ids = view.req_ids if view is not None else match_rows(self.states, sampled, num_tokens, token_ids)
         self._retire(view, ids)
         shape = self._shape(view, ids, sampled, elapsed)
         live = shape is not None and self.costs.observe(shape)
+        if self.step_no % 100 == 0:
+            log.debug("step %d: step cost a=%.2e b=%.2e c=%.2e p=%.2e s", self.step_no, *self.costs.coef)
         drafts: list[list[int]] = [[] for _ in range(rows)]
         decode: list[tuple[int, RequestState]] = []
         verified: list[tuple[int, RequestState, int]] = []  # rows whose last draft was just verified
@@ -126,35 +152,34 @@ class ProposerCore:
             for row, state, drafted in verified:
                 self._feedback(state, len(sampled[row]), drafted, shape if live else None)
             bucket = load_bucket(len(decode))
+            cap = self._cap(len(decode))
             for row, state in decode:
-                drafts[row] = self._draft(state, bucket)
-        self.last_time = self.clock()
+                drafts[row] = self._draft(state, bucket, cap) if cap else []
         return drafts
 
     def _shape(self, view: BatchView | None, ids: Sequence[str], sampled: Sequence[Sequence[int]],
                elapsed: float | None) -> StepShape | None:
-        """The step just verified: requests, extra tokens, and seconds net of per-request drafting
-        (which each request is charged for itself)."""
+        """The step just verified: requests, extra tokens, and the seconds from the last step's start
+        to this one's, net of the per-request drafting in between (each request is charged its own);
+        what remains is vLLM's step plus this proposer's shared bookkeeping."""
         if elapsed is None:
             return None
         drafting = sum(s.pending.draft_s for s in self.states.values() if s.pending is not None)
-        if self.batch_mode_pending_time():
-            drafting += self.batch_pending.draft_s  # type: ignore[union-attr]
+        if self.options.mode == "batch" and self.batch_pending is not None:
+            drafting += self.batch_pending.draft_s
         if view is not None:
-            return StepShape(view.requests, view.extra_tokens, max(elapsed - drafting, 1e-6))
-        extra = sum(self.states[i].pending.drafted for i in ids if i in self.states and self.states[i].pending)
+            return StepShape(view.requests, view.draft_tokens, max(elapsed - drafting, 1e-6), view.prompt_tokens)
+        pendings = [self.states[i].pending for i in ids if i in self.states]
+        extra = sum(p.drafted for p in pendings if p is not None)
         return StepShape(len(ids), extra, max(elapsed - drafting, 1e-6))
-
-    def batch_mode_pending_time(self) -> bool:
-        return self.options.mode == "batch" and self.batch_pending is not None
 
     # -- requests come and go ------------------------------------------------------------------
     def _retire(self, view: BatchView | None, ids: Sequence[str]) -> None:
         present = set(ids)
         if view is not None:
-            gone = [rid for rid in view.finished if rid in self.states and rid not in present]
-            gone += [rid for rid, s in self.states.items()
-                     if rid not in present and self.step_no - s.last_seen > STALE_STEPS]
+            gone = [rid for rid, s in self.states.items() if rid not in present and (
+                rid in view.finished or (view.known is not None and rid not in view.known)
+                or self.step_no - s.last_seen > STALE_STEPS)]
         else:
             gone = [rid for rid in self.states if rid not in present]
         for rid in dict.fromkeys(gone):
@@ -242,6 +267,11 @@ class ProposerCore:
         state.reward_sum += float(reward or 0.0)
         if self.learner.keep:
             state.history.append((pending.key, pending.arm, record))
+        if self.none_arm is not None and pending.arm != self.none_arm:
+            plain = plain_record(record, self.none_arm, self.arms[self.none_arm].name)
+            policy.update(self.none_arm, plain)
+            if self.learner.keep:
+                state.history.append((pending.key, self.none_arm, plain))
 
     # -- drafting ------------------------------------------------------------------------------
     def _budget(self, state: RequestState, length: int) -> int:
@@ -254,9 +284,15 @@ class ProposerCore:
             state.suffix_versions[index] = store.sync(drafter, state.suffix_versions.get(index, -1))
         return list(drafter.propose(state.tokens, length, self.ctx, stop).tokens)[:length]
 
-    def _draft(self, state: RequestState, bucket: int) -> list[int]:
+    def _cap(self, requests: int) -> int:
+        """The load-aware length cap (:func:`~draftwise.vllm.costs.length_cap`; 0 = do not draft)."""
+        if self.options.cap_acceptance <= 0:
+            return self.draft_len
+        return length_cap(self.costs.coef, requests, self.draft_len, self.options.cap_acceptance)
+
+    def _draft(self, state: RequestState, bucket: int, cap: int) -> list[int]:
         start = self.clock()
-        budget = self._budget(state, self.draft_len)
+        budget = self._budget(state, cap)
         if budget == 0:
             return []
         policy = state.policy
@@ -285,7 +321,7 @@ class ProposerCore:
             else:
                 tokens = self._propose(state, index, length, state.stops[arm_index])
         state.pulls[arm.name] += 1
-        state.pending = Pending(arm_index, arm.name, arm.draft_len, len(tokens), self.clock() - start, key)
+        state.pending = Pending(arm_index, arm.name, min(arm.draft_len, budget), len(tokens), self.clock() - start, key)
         return tokens
 
     # -- the batch mode (BanditSpec §6.2) ----------------------------------------------------------
@@ -301,8 +337,7 @@ class ProposerCore:
             state.pending = None
         if pending is None or shape is None or fed == 0:
             return
-        prefill = shape.extra_tokens - sum(view.spec_tokens.values()) if view is not None else 0
-        times = batch_times(self.costs.coef, shape, max(prefill, 0), fed, pending.draft_s, self.options.time_unit)
+        times = batch_times(self.costs.coef, shape, fed, pending.draft_s, self.options.time_unit)
         record = RoundRecord(index=self.step_no, arm=pending.arm, arm_name=pending.arm_name,
                              max_draft=pending.max_draft, drafted=pending.drafted, accepted=0,
                              emitted=emitted_total, position=0, draft_s=times.draft, verify_s=times.verify)

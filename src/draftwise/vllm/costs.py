@@ -3,18 +3,24 @@
 A step verifies every scheduled request at once, so its measured time is shared. A linear model,
 fitted online to the measured steps,
 
-    T ≈ a + b·R + c·X     (R requests scheduled, X tokens beyond one per request: drafts, prefill)
+    T ≈ a + b·R + c·D + p·P     (R requests scheduled, D draft tokens, P prompt tokens beyond one
+                                 per request — a draft token costs more than a prompt token: vLLM
+                                 computes the target's distribution at every draft position)
 
 splits it: request i's share is ``a/R + b + c·x_i`` (x_i: its draft tokens), and a plain step of
 the same request at the same load would cost ``a/R + b``. The fixed part ``a`` is what makes
 drafting nearly free at batch 1; ``c`` is what makes it expensive under load, where ``a/R`` is small.
 
-Rewards are measured throughput: tokens emitted per second of the request's share of the
-measured step (plus its own drafting time). With ``time_unit="plain-step"`` (the default) the
-seconds are counted in units of the predicted plain step of that request at the current load, so
-a round without speculation is worth ≈ 1 token per unit at any batch size and a learner's
-statistics stay on one scale as the load moves (ranking arms within a load is unchanged). With
-``time_unit="seconds"`` the record holds raw seconds.
+Rewards are throughput: tokens emitted per second of the request's share of the step plus its own
+(measured) drafting time. With ``time_unit="plain-step"`` (the default) the share is the fitted
+model's — the model is refitted to every measured step, so it follows the machine, while one
+step's own time on a shared CPU swings by ±50 % and would swamp the difference between arms —
+and seconds are counted in units of the predicted plain step of that request at the current load:
+a round without speculation is worth 1 token per unit at any batch size, so a learner's statistics
+stay on one scale as the load moves, and drafting d tokens is worth it only when it emits more
+than ``(a/R + b + c·d) / (a/R + b)`` tokens — the marginal rule for the whole batch's throughput
+when the other requests decode plainly. With ``time_unit="seconds"`` the record holds raw seconds:
+the measured step split in proportion to the model's shares.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import numpy as np
 
 # Prior guesses (seconds) for a small model on a CPU, each worth PRIOR_WEIGHT observations; the
 # fit takes over after a few dozen steps.
-PRIOR = (5e-3, 3e-4, 3e-4)
+PRIOR = (5e-3, 3e-4, 3e-4, 1e-4)
 PRIOR_WEIGHT = 4.0
 FORGET = 0.995  # per step: the fit follows a machine whose speed drifts (shared CPUs)
 IDLE_FACTOR = 8.0  # a step this many times slower than predicted waited for work: not a cost sample
@@ -35,53 +41,57 @@ IDLE_MIN_S = 0.05
 
 @dataclass
 class StepShape:
-    """What one step verified: requests scheduled, extra tokens in all, and the measured seconds."""
+    """What one step verified: requests scheduled, draft tokens, other extra (prompt) tokens, and
+    the measured seconds."""
 
     requests: int
-    extra_tokens: int
+    draft_tokens: int
     seconds: float
+    prompt_tokens: int = 0
+
+    def features(self) -> np.ndarray:
+        return np.array([1.0, self.requests, self.draft_tokens, self.prompt_tokens])
 
 
 class StepCostModel:
-    """Ridge regression of step time on (1, R, X) with forgetting and a fixed prior."""
+    """Ridge regression of step time on (1, R, D, P) with forgetting and a fixed prior."""
 
-    def __init__(self, prior: tuple[float, float, float] = PRIOR, weight: float = PRIOR_WEIGHT,
+    def __init__(self, prior: tuple[float, ...] = PRIOR, weight: float = PRIOR_WEIGHT,
                  forget: float = FORGET) -> None:
         self.prior_mean = np.asarray(prior, dtype=float)
-        # Prior precision scaled to typical feature sizes (R ~ 8, X ~ 16), so each coefficient's
-        # prior is worth ``weight`` typical steps.
-        self.prior_prec = weight * np.diag([1.0, 64.0, 256.0])
+        # Prior precision scaled to typical feature sizes (R ~ 8, D ~ 16, P ~ 32), so each
+        # coefficient's prior is worth ``weight`` typical steps.
+        self.prior_prec = weight * np.diag([1.0, 64.0, 256.0, 1024.0])
         self.forget = forget
-        self.gram = np.zeros((3, 3))
-        self.moment = np.zeros(3)
+        self.gram = np.zeros((4, 4))
+        self.moment = np.zeros(4)
         self.steps = 0
         self.coef = self.prior_mean.copy()
 
-    def predict(self, requests: int, extra_tokens: int) -> float:
-        a, b, c = self.coef
-        return a + b * requests + c * extra_tokens
+    def predict(self, shape: StepShape) -> float:
+        return float(self.coef @ shape.features())
 
     def is_idle(self, shape: StepShape) -> bool:
         """A step far slower than predicted included waiting (an idle server), not work."""
-        return shape.seconds > max(IDLE_MIN_S, IDLE_FACTOR * self.predict(shape.requests, shape.extra_tokens))
+        return shape.seconds > max(IDLE_MIN_S, IDLE_FACTOR * self.predict(shape))
 
     def observe(self, shape: StepShape) -> bool:
         """Add one measured step; False (and no update) for an idle or empty one."""
         if shape.requests <= 0 or shape.seconds <= 0 or self.is_idle(shape):
             return False
-        x = np.array([1.0, shape.requests, shape.extra_tokens])
+        x = shape.features()
         self.gram = self.forget * self.gram + np.outer(x, x)
         self.moment = self.forget * self.moment + x * shape.seconds
         self.steps += 1
         coef = np.linalg.solve(self.gram + self.prior_prec, self.moment + self.prior_prec @ self.prior_mean)
-        self.coef = np.maximum(coef, [0.0, 1e-6, 1e-6])  # costs are never negative
+        self.coef = np.maximum(coef, [0.0, 1e-6, 1e-6, 0.0])  # costs are never negative
         return True
 
 
-def request_share(coef: np.ndarray, requests: int, extra: int) -> float:
-    """Predicted seconds of one request's part of a step: a/R + b + c·extra."""
-    a, b, c = (float(v) for v in coef)
-    return a / max(requests, 1) + b + c * extra
+def request_share(coef: np.ndarray, requests: int, drafted: int) -> float:
+    """Predicted seconds of one decoding request's part of a step: a/R + b + c·drafted."""
+    a, b, c = (float(v) for v in coef[:3])
+    return a / max(requests, 1) + b + c * drafted
 
 
 @dataclass(frozen=True)
@@ -93,32 +103,30 @@ class RoundTimes:
 
 
 def attribute(coef: np.ndarray, shape: StepShape, extra: int, draft_s: float, unit: str) -> RoundTimes:
-    """Split the measured step over its requests by the model; express it in ``unit``.
+    """One request's part of the step, in ``unit`` (see the module docstring).
 
-    >>> coef = np.array([0.004, 0.0, 0.001])
-    >>> t = attribute(coef, StepShape(requests=1, extra_tokens=4, seconds=0.008), 4, 0.0, "plain-step")
-    >>> round(t.verify, 6)  # 4 draft tokens make the step 8/5 of a plain one
-    1.6
+    >>> coef = np.array([0.004, 0.0, 0.001, 0.0])
+    >>> t = attribute(coef, StepShape(requests=1, draft_tokens=4, seconds=0.008), 4, 0.0, "plain-step")
+    >>> round(t.verify, 6)  # at batch 1, 4 draft tokens make the step twice a plain one
+    2.0
+    >>> round(attribute(coef, StepShape(4, 4, 0.008), 4, 0.0, "plain-step").verify, 6)  # at batch 4: 5×
+    5.0
     """
-    a, b, c = (float(v) for v in coef)
-    predicted = a + b * shape.requests + c * shape.extra_tokens
     share = request_share(coef, shape.requests, extra)
-    verify_s = shape.seconds * share / predicted if predicted > 0 else shape.seconds / max(shape.requests, 1)
     if unit == "seconds":
-        return RoundTimes(verify_s, draft_s)
+        return RoundTimes(shape.seconds * share / float(coef @ shape.features()), draft_s)
     plain = request_share(coef, shape.requests, 0)
-    return RoundTimes(verify_s / plain, draft_s / plain)
+    return RoundTimes(share / plain, draft_s / plain)
 
 
-def batch_times(coef: np.ndarray, shape: StepShape, prefill_extra: int, decode_requests: int,
-                draft_s: float, unit: str) -> RoundTimes:
+def batch_times(coef: np.ndarray, shape: StepShape, decode_requests: int, draft_s: float, unit: str) -> RoundTimes:
     """The whole step for the batch-level learner: with ``plain-step``, in units of the predicted
     plain step per decoding request (so tokens per unit = tokens per request per plain step)."""
     if unit == "seconds":
         return RoundTimes(shape.seconds, draft_s)
-    a, b, c = (float(v) for v in coef)
-    plain = (a + b * shape.requests + c * prefill_extra) / max(decode_requests, 1)
-    return RoundTimes(shape.seconds / plain, draft_s / plain)
+    plain_shape = StepShape(shape.requests, 0, shape.seconds, shape.prompt_tokens)
+    plain = float(coef @ plain_shape.features()) / max(decode_requests, 1)
+    return RoundTimes(float(coef @ shape.features()) / max(decode_requests, 1) / plain, draft_s / plain)
 
 
 def load_bucket(requests: int) -> int:
@@ -128,3 +136,29 @@ def load_bucket(requests: int) -> int:
     [0, 1, 2, 3, 4, 5, 5]
     """
     return min(5, int(math.log2(max(requests, 1))))
+
+
+MIN_GAIN = 1.1  # a length must promise 10 % over a plain step: the cost model is an estimate
+
+
+def length_cap(coef: np.ndarray, requests: int, max_len: int, acceptance: float) -> int:
+    """The draft length worth the most at this load for a drafter whose every token is accepted
+    with probability ``acceptance`` (an optimistic one, 0.9 by default): argmax over L of
+    (1 + Σ_{k≤L} α^k) / (1 + L·c / (a/R + b)), 0 when no length promises ``MIN_GAIN`` × a plain step.
+
+    Under load a draft token costs about as much as a whole request's plain step, and then not
+    even a good drafter pays: the cap is 0 and the proposer skips drafting — and its learners —
+    altogether.
+
+    >>> coef = np.array([8e-3, 5e-4, 1e-3, 0.0])
+    >>> [length_cap(coef, r, 8, 0.9) for r in (1, 4, 16, 32)]
+    [8, 4, 0, 0]
+    """
+    ratio = float(coef[2]) / request_share(coef, requests, 0)
+    best, best_len, gained = MIN_GAIN, 0, 1.0
+    for length in range(1, max_len + 1):
+        gained += acceptance**length
+        value = gained / (1.0 + length * ratio)
+        if value > best:
+            best, best_len = value, length
+    return best_len

@@ -13,8 +13,16 @@ list, default: the policy's own, see :func:`default_arms`), ``draft_len`` (defau
 ``num_speculative_tokens``, which caps every draft), ``mode`` (``request``: one learner per request,
 the default; ``batch``: BanditSpec §6.2, one draft length for the whole batch chosen by UCBSpec),
 ``batch_lengths`` (the batch mode's arms, default ``0..draft_len``), ``load_context`` (add the
-batch-size bucket to contextual learners' context, default true), ``time_unit`` (``plain-step``
-or ``seconds``, see :mod:`draftwise.vllm.costs`), ``seed``, ``stats_file`` (a JSONL file that gets
+batch-size bucket to contextual learners' context, default false: the reward is already in
+units of the current load's plain step, and without it a new load starts from what the last
+one taught), ``time_unit`` (``plain-step``
+or ``seconds``, see :mod:`draftwise.vllm.costs`), ``free_none`` (in plain-step units a round
+without speculation is worth exactly one token per unit, so the learner is told so after every
+drafted round, as if it had also played ``none``; default true; needs ``time_unit="plain-step"``),
+``cap_acceptance`` (the load-aware length cap: every
+draft is cut to the length that would pay most, at the measured step costs, for a drafter accepting
+each token with this probability — 0 under heavy load, where the proposer then skips drafting
+altogether; 0 disables the cap; default 0.9), ``seed``, ``stats_file`` (a JSONL file that gets
 one line of statistics per finished request), ``log_requests`` (log that line too, default true).
 """
 
@@ -22,9 +30,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from draftwise.errors import DraftwiseError
 
@@ -45,8 +54,10 @@ class ProposerOptions:
     draft_len: int = 0  # 0 = vLLM's num_speculative_tokens
     mode: str = "request"
     batch_lengths: tuple[int, ...] = ()  # () = 0..draft_len
-    load_context: bool = True
+    load_context: bool = False
     time_unit: str = "plain-step"
+    free_none: bool = True
+    cap_acceptance: float = 0.9
     seed: int = 0
     stats_file: str = ""
     log_requests: bool = True
@@ -65,6 +76,10 @@ class ProposerOptions:
             raise DraftwiseError(f"{ENV_VAR}: draft_len must be ≥ 0 (0 = num_speculative_tokens), got {self.draft_len}")
         if any(length < 0 for length in self.batch_lengths):
             raise DraftwiseError(f"{ENV_VAR}: batch_lengths must be ≥ 0, got {list(self.batch_lengths)}")
+        if not 0.0 <= self.cap_acceptance < 1.0:
+            raise DraftwiseError(f"{ENV_VAR}: cap_acceptance must be in [0, 1), got {self.cap_acceptance}")
+        if self.free_none and self.time_unit != "plain-step":
+            raise DraftwiseError(f"{ENV_VAR}: free_none needs time_unit='plain-step' (set free_none to false)")
         if not self.drafters and self.mode == "batch":
             raise DraftwiseError(f"{ENV_VAR}: the batch mode needs at least one drafter")
 
@@ -80,12 +95,13 @@ def options_from_mapping(raw: Mapping[str, Any]) -> ProposerOptions:
         for key in ("drafters", "batch_lengths"):
             if key in values:
                 values[key] = tuple(values[key])
-        for key, kind in (("draft_len", int), ("seed", int), ("policy", str), ("arms", str), ("mode", str),
+        for key, kind in (("cap_acceptance", float), ("draft_len", int), ("seed", int), ("policy", str),
+                          ("arms", str), ("mode", str),
                           ("time_unit", str), ("stats_file", str)):
             if key in values:
                 values[key] = kind(values[key])
         values["batch_lengths"] = tuple(int(x) for x in values.get("batch_lengths", ()))
-        for key in ("load_context", "log_requests"):
+        for key in ("load_context", "log_requests", "free_none"):
             if key in values and not isinstance(values[key], bool):
                 raise TypeError(f"{key} must be true or false")
     except (TypeError, ValueError) as exc:

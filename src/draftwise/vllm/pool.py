@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from draftwise.arms import NONE, Arm, ArmSettings, build_arms
 from draftwise.drafters import DraftContext, Drafter, SuffixDrafter, build_drafters, make_stop_rule

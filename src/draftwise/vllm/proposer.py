@@ -10,7 +10,8 @@ this file only reads vLLM's config and the calling frame. It imports nothing fro
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from draftwise.errors import DraftwiseError
 from draftwise.vllm.batch_view import caller_view

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Sequence
+from typing import Any
 
 from draftwise.trace import RoundRecord
 
-Key = Hashable | None  # a contextual learner's context key
+Key = tuple[Hashable, ...] | None  # a contextual learner's context key
 
 
 @dataclass

