@@ -143,7 +143,7 @@ class Generator:
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             eos_ids=frozenset() if ignore_eos else self.eos_ids,
-            stop_check=self._stop_checker(list(stop)) if stop else None,
+            stop_check=stop_checker(self.tokenizer, list(stop)) if stop else None,
         )
         outcome = self.engine.run(ids, settings, generator)
         new_ids = outcome.tokens[len(ids):]
@@ -165,9 +165,6 @@ class Generator:
             )
         log.warning("prompt truncated from %d to its last %d tokens", len(ids), room)
         return ids[-room:]
-
-    def _stop_checker(self, stops: list[str]) -> StopCheck:
-        return stop_checker(self.tokenizer, stops)
 
 
 def stop_checker(tokenizer: Any, stops: Sequence[str]) -> StopCheck:

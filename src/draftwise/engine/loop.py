@@ -75,7 +75,7 @@ class Engine:
         # stopping rules with state (AdaEDL's threshold) start afresh each query, like the learners
         rules = [make_stop_rule(arm.stop, self.policy.rng) if arm.stop else None for arm in self.arms]
         routed = [a for a, arm in enumerate(self.arms) if arm.route]
-        query = new_query(list(prompt), settings, generator, [arm.drafter for arm in self.arms], routed, rules)
+        query = new_query(prompt, settings, generator, [arm.drafter for arm in self.arms], routed, rules)
         self.last_query = query
         for drafter in self.drafters:
             drafter.begin_query(query.context)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -67,7 +67,7 @@ class QueryState:
         return set(self.arm_drafter)
 
 
-def new_query(prompt: list[int], settings: QuerySettings, generator: torch.Generator | None,
+def new_query(prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator | None,
               arm_drafter: list[int | None], routed: list[int], rules: list[StopRule | None]) -> QueryState:
     return QueryState(list(prompt), len(prompt), settings, DraftContext(settings.sampling, generator, settings.eos_ids),
                       list(arm_drafter), list(routed), rules)

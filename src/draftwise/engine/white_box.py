@@ -24,9 +24,6 @@ class HiddenStateFeed:
         if self.readers:
             target.keep_hidden = True
 
-    def __bool__(self) -> bool:
-        return bool(self.readers)
-
     def prefill(self, query: QueryState) -> float:
         """Run the prompt (all but its last token) through the target before round 1. Round 1 then
         feeds only the last prompt token and the draft, so every prompt token is still computed

@@ -17,13 +17,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from draftwise.arms import NONE, Arm, ArmSettings, build_arms
-from draftwise.drafters import DraftContext, Drafter, SuffixDrafter, build_drafters, make_stop_rule
+from draftwise.drafters import (
+    DraftContext,
+    Drafter,
+    ModelDrafter,
+    RetrievalDrafter,
+    SuffixDrafter,
+    build_drafters,
+    make_stop_rule,
+)
+from draftwise.engine.routing import PromptFit
 from draftwise.errors import DraftwiseError
 
 log = logging.getLogger(__name__)
-
-PROMPT_WINDOW, PROMPT_LOOKBACK = 48, 16  # the engine's routing window (NOTES.md)
-
 
 class _VocabStub:
     """Stands in for the target model where drafter loading checks the vocabulary size only."""
@@ -77,12 +83,12 @@ def make_arms(layout: str, drafters: Sequence[Drafter], draft_len: int) -> list[
 
 
 def _is_model(drafter: Drafter) -> bool:
-    return hasattr(drafter, "next_logits")
+    return isinstance(drafter, ModelDrafter)
 
 
 def _is_shared(drafter: Drafter) -> bool:
     """Drafters with no per-request state (a datastore lookup) are used as they are."""
-    return hasattr(drafter, "datastore")
+    return isinstance(drafter, RetrievalDrafter)
 
 
 @dataclass
@@ -130,15 +136,12 @@ class DrafterPool:
 
 
 def route(drafters: Sequence[Drafter], arm: Arm, prompt: Sequence[int]) -> int:
-    """The routed arm's drafter for this request: the best top-1 fit on the prompt's tail."""
+    """The routed arm's drafter for this request: the best top-1 fit on the prompt (the engine's
+    prompt fit; ties and prompts too short to judge: the first candidate)."""
     if not arm.route:
         return arm.drafter if arm.drafter is not None else -1
-    window = min(len(prompt) - 1, PROMPT_WINDOW)
-    if window < 2:
-        return arm.route[0]
-    ctx = DraftContext()
-    fits = [drafters[i].prompt_fit(prompt, window, PROMPT_LOOKBACK, ctx, {}) for i in arm.route]  # type: ignore[arg-type]
-    return arm.route[max(range(len(fits)), key=fits.__getitem__)]
+    rates = PromptFit().rates(drafters, prompt, arm.route, DraftContext())
+    return max(arm.route, key=lambda i: rates.get(i, 0.0))
 
 
 def stop_rules(arms: Sequence[Arm]) -> list[Any]:
