@@ -6,7 +6,7 @@ import logging
 import math
 import numbers
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -15,12 +15,15 @@ from draftwise.arms import ArmSettings, build_arms
 from draftwise.cached_lm import CachedLM
 from draftwise.drafter_bank import attach_banks
 from draftwise.drafters import Drafter, build_drafters
-from draftwise.engine import Engine, QuerySettings, StopCheck
+from draftwise.engine import Engine, QueryOutcome, QuerySettings, StopCheck
 from draftwise.errors import DraftwiseError
 from draftwise.loading import LoadOptions, context_limit, load_causal_lm
 from draftwise.policies import POLICIES, PRESETS, make_policy
 from draftwise.trace import GenerationResult, summarize
 from draftwise.verify import Sampling
+
+if TYPE_CHECKING:
+    from draftwise.session import BatchSession
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ class Generator:
         self.chat = chat
         self.target = CachedLM(target)
         self.drafters = list(drafters)
+        self.fast_drafters, self.drafter_head_dtype = fast_drafters, drafter_head_dtype
         if fast_drafters:  # small Llama drafters run on the lean batched path (draftwise.drafter_bank)
             try:  # their LM head in bfloat16 where the CPU multiplies it natively (default "auto")
                 attach_banks(self.drafters, drafter_head_dtype)
@@ -132,25 +136,76 @@ class Generator:
 
         ``truncate`` keeps only the last tokens of a prompt too long for the target's context.
         """
+        ids, settings, seed = self.prepare(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, ignore_eos,
+                                           truncate)
+        generator = torch.Generator(device=self.target.device).manual_seed(seed)
+        self.policy.rng = np.random.default_rng(seed)
+        return self.result(ids, self.engine.run(ids, settings, generator), seed)
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 128,
+                       temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                       seed: int | Sequence[int] | None = None, stop: Sequence[str] = (), ignore_eos: bool = False,
+                       truncate: bool = False, batch_size: int = 32, decide: str = "query") -> list[GenerationResult]:
+        """Generate for every prompt, up to ``batch_size`` at once: each round every active query picks
+        its own arm and drafts, and one target forward verifies them all (continuous batching: a
+        finished query's place goes to the next prompt). Results in prompt order; a prompt that
+        cannot run (too long, empty) gets a result with ``error`` set and the others finish.
+
+        ``decide``: ``"query"`` (each query's learner chooses) or ``"batch"`` (one learner chooses
+        one arm per round for the whole batch, rewarded by the round's throughput: BanditSpec §6.2).
+        Every query draws from its own generator seeded with ``seed`` (one per prompt, or one for
+        all; the Generator's by default). Ctrl-C returns what every query generated so far
+        (``stopped_by`` "interrupted").
+        """
+        seeds = list(seed) if isinstance(seed, Sequence) else [seed] * len(prompts)
+        if len(seeds) != len(prompts):
+            raise DraftwiseError(f"seed: one per prompt ({len(prompts)}), got {len(seeds)}")
+        session = self.batch_session(batch_size, decide)
+        handles: list[Any] = []
+        for prompt, one_seed in zip(prompts, seeds):
+            try:
+                handles.append(session.add(prompt, max_new_tokens, temperature, top_k, top_p, one_seed, stop,
+                                           ignore_eos, truncate))
+            except DraftwiseError as error:
+                handles.append(error)
+        session.run()
+        return [self.failed(str(h)) if isinstance(h, DraftwiseError) else h.result for h in handles]
+
+    def batch_session(self, max_batch: int = 32, decide: str = "query") -> BatchSession:
+        """A continuous batch over this Generator's target, pool, arms and learner: queries are added
+        at any time and run together, one :meth:`BatchSession.step` (round) at a time."""
+        from draftwise.session import BatchSession
+
+        return BatchSession(self, max_batch, decide)
+
+    def prepare(self, prompt: str | Sequence[int], max_new_tokens: int, temperature: float, top_k: int | None,
+                top_p: float | None, seed: int | None, stop: Sequence[str], ignore_eos: bool,
+                truncate: bool) -> tuple[list[int], QuerySettings, int]:
+        """Check a query's arguments and build its token ids, settings and seed (one clear error)."""
         sampling = check_generate_args(max_new_tokens, temperature, top_k, top_p, seed)
         ids = self._fit_context(self.encode(prompt), max_new_tokens, truncate)
         if stop and self.tokenizer is None:
             raise DraftwiseError("stop strings need a tokenizer")
-        seed = self.seed if seed is None else seed
-        generator = torch.Generator(device=self.target.device).manual_seed(seed)
-        self.policy.rng = np.random.default_rng(seed)
         settings = QuerySettings(
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             eos_ids=frozenset() if ignore_eos else self.eos_ids,
             stop_check=stop_checker(self.tokenizer, list(stop)) if stop else None,
         )
-        outcome = self.engine.run(ids, settings, generator)
+        return ids, settings, self.seed if seed is None else seed
+
+    def result(self, ids: list[int], outcome: QueryOutcome, seed: int) -> GenerationResult:
+        """A finished query's tokens, text and statistics."""
         new_ids = outcome.tokens[len(ids):]
         text = self.tokenizer.decode(new_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
         stats = summarize(outcome.records, len(new_ids), outcome.wall_s, outcome.stopped_by,
                           outcome.extra_target_calls)
         return GenerationResult(new_ids, text, stats, outcome.records, prompt_ids=ids, seed=seed)
+
+    @staticmethod
+    def failed(message: str) -> GenerationResult:
+        """The result of a query that could not run."""
+        return GenerationResult([], "", summarize([], 0, 0.0, "error"), [], error=message)
 
     def _fit_context(self, ids: list[int], max_new_tokens: int, truncate: bool) -> list[int]:
         limit = self.max_context

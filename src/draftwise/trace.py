@@ -112,9 +112,12 @@ class GenerationResult:
     trace: list[RoundRecord]
     prompt_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    error: str | None = None  # a query of a batch that could not run: why (nothing was generated)
 
     def to_dict(self, with_trace: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"text": self.text, "token_ids": self.token_ids, "stats": self.stats.to_dict()}
+        if self.error is not None:
+            out["error"] = self.error
         if with_trace:
             out["trace"] = [r.to_dict() for r in self.trace]
         return out

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from draftwise.arms import Arm
-from draftwise.cached_lm import CachedLM
 from draftwise.drafters import Draft, Drafter, make_stop_rule
 from draftwise.engine import evaluation
 from draftwise.engine.query import QuerySettings, QueryState, new_query
@@ -38,6 +38,18 @@ class QueryOutcome:
 
 
 @dataclass
+class Planned:
+    """A round up to its target forward: the arm, its draft, and what choosing and drafting took."""
+
+    arm: int
+    draft: Draft
+    budget: int  # the draft budget (max tokens) of the round
+    policy_s: float
+    draft_s: float
+    key: Hashable | None = None  # the context the arm was chosen in (contextual policies)
+
+
+@dataclass
 class Verified:
     """What one target forward decided about a draft."""
 
@@ -50,7 +62,7 @@ class Verified:
 class Engine:
     """Runs queries with one target, a pool of drafters, a list of arms and a policy."""
 
-    def __init__(self, target: CachedLM, drafters: Sequence[Drafter], arms: Sequence[Arm], policy: Policy,
+    def __init__(self, target: Any, drafters: Sequence[Drafter], arms: Sequence[Arm], policy: Policy,
                  prompt_fit: PromptFit = PromptFit()) -> None:
         self.target = target
         self.drafters = list(drafters)
@@ -65,6 +77,9 @@ class Engine:
         named = [names.index(n) if n in names else None for n in getattr(policy, "context_on", ())]
         self.context_drafters = named if any(i is not None for i in named) else []
         self.last_query: QueryState | None = None  # the latest query (its routed drafters, for inspection)
+        # With a list here, every round's (context, arm, record) is kept for replay into another
+        # learner (a batched query's learner is a copy; see draftwise.engine.batch).
+        self.history: list[tuple[Hashable | None, int, RoundRecord]] | None = None
 
     # -- a query ------------------------------------------------------------------------------------
     def start(self, prompt: Sequence[int], settings: QuerySettings,
@@ -110,13 +125,14 @@ class Engine:
         return QueryOutcome(query.context, query.records, query.stopped_by or "max_new_tokens", wall,
                             self.hidden.extra_target_calls(query.prompt_len))
 
-    def finish(self, query: QueryState) -> None:
+    def finish(self, query: QueryState, end_drafters: bool = True) -> None:
         """The query is over: deliver feedback still pending (when the state outlives the query), and
-        tell the drafters."""
+        tell the drafters (unless they are a batched query's copies: their pool is told)."""
         if query.pending and getattr(self.policy, "keep", False):
             evaluation.deliver(self.drafters, self.policy, query)
-        for drafter in self.drafters:
-            drafter.end_query(query.context, query.prompt_len)
+        if end_drafters:
+            for drafter in self.drafters:
+                drafter.end_query(query.context, query.prompt_len)
 
     def recover(self) -> None:
         """Forget every cache an interrupted forward may have left half-updated (target and drafters)."""
@@ -128,33 +144,64 @@ class Engine:
     def round(self, query: QueryState) -> RoundRecord:
         """One round of ``query``: select → draft → verify → accept → feedback. Returns its record
         (also appended to ``query.records``); sets ``query.stopped_by`` when the query ends here."""
-        clock = time.perf_counter
-        t0 = clock()
-        arm_index = self._select(query)
-        t1 = clock()
+        planned = self.plan(query)
+        start = time.perf_counter()
+        logits = self._target_logits(query, planned.draft)
+        return self.conclude(query, planned, logits, time.perf_counter() - start)
+
+    def plan(self, query: QueryState, arm_index: int | None = None) -> Planned:
+        """Select an arm (unless the batch chose one for every query) and draft: everything a round
+        does before its target forward."""
+        t0 = time.perf_counter()
+        key = None
+        if arm_index is None:
+            arm_index, key = self._select(query)
+        t1 = time.perf_counter()
         draft, budget = self._draft(query, arm_index)
-        t2 = clock()
-        verified = self._verify(query, draft)
+        return Planned(arm_index, draft, budget, t1 - t0, time.perf_counter() - t1, key)
+
+    def target_input(self, query: QueryState, draft: Draft) -> Any:
+        """The round's forward for a batched target row (:class:`~draftwise.batched_lm.RowLM`)."""
+        if draft.parents is None:
+            return self.target.chain_input(query.context + draft.tokens, len(draft.tokens) + 1)
+        return self.target.tree_input(query.context, draft.tokens, draft.parents)
+
+    def conclude(self, query: QueryState, planned: Planned, logits: torch.Tensor, forward_s: float) -> RoundRecord:
+        """Judge the draft on the target's ``logits``, accept, record and learn: everything a round
+        does after its target forward (which took ``forward_s``, this query's share in a batch)."""
+        start = time.perf_counter()
+        draft, arm_index = planned.draft, planned.arm
+        verified = self._judge(query, draft, logits)
         before = len(query.context)
         new = self._accept(query, arm_index, draft, verified)
-        t3 = clock()
         record = RoundRecord(
-            index=len(query.records), arm=arm_index, arm_name=self._arm_name(query, arm_index), max_draft=budget,
-            drafted=len(draft.tokens), accepted=min(verified.verdict.accepted, len(new)), emitted=len(new),
-            position=before - query.prompt_len, accept_probs=verified.verdict.accept_probs,
-            draft_s=t2 - t1, verify_s=t3 - t2, policy_s=t1 - t0,
+            index=len(query.records), arm=arm_index, arm_name=self._arm_name(query, arm_index),
+            max_draft=planned.budget, drafted=len(draft.tokens), accepted=min(verified.verdict.accepted, len(new)),
+            emitted=len(new), position=before - query.prompt_len, accept_probs=verified.verdict.accept_probs,
+            draft_s=planned.draft_s, verify_s=forward_s + time.perf_counter() - start, policy_s=planned.policy_s,
         )
         query.records.append(record)
+        if self.history is not None:
+            self.history.append((planned.key, arm_index, record))
         self._feedback(query, record, before, new, verified)
         return record
 
-    def _select(self, query: QueryState) -> int:
-        """1. select an arm (a contextual policy first learns which lookups have a proposal here)."""
+    def _target_logits(self, query: QueryState, draft: Draft) -> torch.Tensor:
+        """3. one target forward over the draft (chain or tree): rows after the context and after
+        each draft token (a tree: each node)."""
+        if draft.parents is None:
+            return self.target.logits(query.context + draft.tokens, len(draft.tokens) + 1)  # (n + 1, V)
+        return self.target.tree_logits(query.context, draft.tokens, draft.parents)  # (n + 1, V)
+
+    def _select(self, query: QueryState) -> tuple[int, Hashable | None]:
+        """1. select an arm (a contextual policy first learns which lookups have a proposal here);
+        returns it and the context it was chosen in (None: no context)."""
+        key = None
         if self.context_drafters:
-            self.policy.set_context(tuple(
-                i is not None and bool(self.drafters[i].propose(query.context, 1, query.dctx).tokens)
-                for i in self.context_drafters))
-        return self.policy.select()
+            key = tuple(i is not None and bool(self.drafters[i].propose(query.context, 1, query.dctx).tokens)
+                        for i in self.context_drafters)
+            self.policy.set_context(key)
+        return self.policy.select(), key
 
     def _draft(self, query: QueryState, arm_index: int) -> tuple[Draft, int]:
         """2. draft, leaving room for the target's own token within max_new_tokens."""
@@ -172,12 +219,11 @@ class Engine:
             draft = Draft(draft.tokens[:budget], None if draft.probs is None else draft.probs[:budget])
         return draft, budget
 
-    def _verify(self, query: QueryState, draft: Draft) -> Verified:
-        """3. verify the whole draft (chain or tree) in one target forward; the target's rows come
-        back along the verified path (row j = the target at verified position j)."""
+    def _judge(self, query: QueryState, draft: Draft, logits: torch.Tensor) -> Verified:
+        """3. verify the whole draft (chain or tree) against the target's rows; they come back
+        along the verified path (row j = the target at verified position j)."""
         sampling, generator = query.settings.sampling, query.dctx.generator
         if draft.parents is None:
-            logits = self.target.logits(query.context + draft.tokens, len(draft.tokens) + 1)  # (n + 1, V)
             if sampling.greedy:
                 verdict = verify_greedy(draft.tokens, logits)
                 return Verified(verdict, draft.tokens[: verdict.accepted], logits, None)
@@ -185,7 +231,6 @@ class Engine:
             probs = warp(logits, sampling)
             verdict = verify_sampling(draft.tokens, draft.probs, probs, generator)
             return Verified(verdict, draft.tokens[: verdict.accepted], logits, probs)
-        logits = self.target.tree_logits(query.context, draft.tokens, draft.parents)  # (n + 1, V)
         if sampling.greedy:
             tree_verdict = verify_tree_greedy(draft.tokens, draft.parents, logits)
             return Verified(tree_verdict, [draft.tokens[i] for i in tree_verdict.path], logits[tree_verdict.rows], None)

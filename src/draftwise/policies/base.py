@@ -166,6 +166,20 @@ class Policy(ABC):
         return {"policy": type(self).__name__, "arms": self.arms, "reward": self.reward}
 
 
+History = Sequence[tuple[Hashable | None, int, RoundRecord]]  # per round: context (None: none), arm, record
+
+
+def replay(learner: Policy, history: History) -> None:
+    """Cross-query warm start (``keep``) for queries that learned on copies of ``learner`` (a batch,
+    vLLM's requests): feed it one finished query's rounds, as if the queries had run one after
+    another; later queries start from a copy of it (``begin_query`` applies ``decay``)."""
+    learner.begin_query()
+    for key, arm, record in history:
+        if key is not None:
+            learner.set_context(key)  # type: ignore[arg-type]
+        learner.update(arm, record)
+
+
 PolicyFactory = Callable[..., Policy]
 POLICIES: Registry[PolicyFactory] = Registry("policy")
 # Paper configurations by name (policies/presets.py): a policy, its options and its arm layout.

@@ -26,13 +26,15 @@ import numpy as np
 
 from draftwise.arms import NONE, Arm
 from draftwise.drafters import DraftContext
+from draftwise.drafters.pool import DrafterPool
 from draftwise.errors import DraftwiseError
 from draftwise.policies import make_policy
+from draftwise.policies.base import replay
+from draftwise.step_costs import StepCostModel, StepShape, attribute, batch_times, length_cap, load_bucket
 from draftwise.trace import RoundRecord
 from draftwise.vllm.batch_view import BatchView
-from draftwise.vllm.costs import StepCostModel, StepShape, attribute, batch_times, length_cap, load_bucket
 from draftwise.vllm.options import ProposerOptions
-from draftwise.vllm.pool import DrafterPool, build_templates, default_arms, make_arms, route, stop_rules
+from draftwise.vllm.pool import build_templates, default_arms, make_arms, route, stop_rules
 from draftwise.vllm.requests import Pending, RequestState, match_rows
 
 log = logging.getLogger("draftwise.vllm")
@@ -241,15 +243,9 @@ class ProposerCore:
                 handle.write(json.dumps(stats) + "\n")
 
     def _absorb(self, state: RequestState) -> None:
-        """Cross-request warm start (the policy's ``keep``): replay the finished request's rounds
-        into the template learner, as if the requests had run one after another; new requests
-        start from a copy of it (``begin_query`` applies ``decay``)."""
-        learner = self.learner
-        learner.begin_query()
-        for key, arm, record in state.history:
-            if key is not None:
-                learner.set_context(key)
-            learner.update(arm, record)
+        """Cross-request warm start (the policy's ``keep``): the finished request's rounds replayed
+        into the template learner (:func:`~draftwise.policies.base.replay`)."""
+        replay(self.learner, state.history)
 
     # -- feedback ------------------------------------------------------------------------------
     def _feedback(self, state: RequestState, emitted: int, drafted: int, shape: StepShape | None) -> None:
@@ -285,7 +281,7 @@ class ProposerCore:
         return list(drafter.propose(state.tokens, length, self.ctx, stop).tokens)[:length]
 
     def _cap(self, requests: int) -> int:
-        """The load-aware length cap (:func:`~draftwise.vllm.costs.length_cap`; 0 = do not draft)."""
+        """The load-aware length cap (:func:`~draftwise.step_costs.length_cap`; 0 = do not draft)."""
         if self.options.cap_acceptance <= 0:
             return self.draft_len
         return length_cap(self.costs.coef, requests, self.draft_len, self.options.cap_acceptance)

@@ -16,7 +16,7 @@ the default; ``batch``: BanditSpec §6.2, one draft length for the whole batch c
 batch-size bucket to contextual learners' context, default false: the reward is already in
 units of the current load's plain step, and without it a new load starts from what the last
 one taught), ``time_unit`` (``plain-step``
-or ``seconds``, see :mod:`draftwise.vllm.costs`), ``free_none`` (in plain-step units a round
+or ``seconds``, see :mod:`draftwise.step_costs`), ``free_none`` (in plain-step units a round
 without speculation is worth exactly one token per unit, so the learner is told so after every
 drafted round, as if it had also played ``none``; default true; needs ``time_unit="plain-step"``),
 ``cap_acceptance`` (the load-aware length cap: every

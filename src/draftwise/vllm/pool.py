@@ -1,19 +1,12 @@
-"""The drafter pool inside vLLM: templates built once, per-request copies, arms.
-
-* PLD keeps a per-request n-gram index: each request gets a fresh copy.
-* Suffix keeps a per-request trie *and* a store of earlier responses shared by every request: a
-  request's copy shares the template's store, which grows as requests finish.
-* REST reads a datastore and keeps no per-request state: one instance serves every request.
-* LM drafters (zoo models or paths) get one KV cache per request (their ``fresh`` copy shares
-  the weights); a routed arm (``auto@K``) picks one per request by its fit on the prompt.
+"""The drafter pool inside vLLM: templates built once, per-request copies
+(:class:`~draftwise.drafters.pool.DrafterPool`), arms; a routed arm (``auto@K``) picks one LM
+drafter per request by its fit on the prompt.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from draftwise.arms import NONE, Arm, ArmSettings, build_arms
@@ -21,8 +14,6 @@ from draftwise.drafters import (
     DraftContext,
     Drafter,
     ModelDrafter,
-    RetrievalDrafter,
-    SuffixDrafter,
     build_drafters,
     make_stop_rule,
 )
@@ -84,55 +75,6 @@ def make_arms(layout: str, drafters: Sequence[Drafter], draft_len: int) -> list[
 
 def _is_model(drafter: Drafter) -> bool:
     return isinstance(drafter, ModelDrafter)
-
-
-def _is_shared(drafter: Drafter) -> bool:
-    """Drafters with no per-request state (a datastore lookup) are used as they are."""
-    return isinstance(drafter, RetrievalDrafter)
-
-
-@dataclass
-class SuffixStore:
-    """A suffix template whose store of earlier responses every request's copy reads."""
-
-    template: SuffixDrafter
-    version: int = 0
-
-    def finish(self, tokens: Sequence[int], prompt_len: int) -> None:
-        self.template.end_query(tokens, prompt_len)
-        self.version += 1
-
-    def sync(self, copy_: SuffixDrafter, seen_version: int) -> int:
-        """Point a request's copy at the current store (the template may have rebuilt its trie)."""
-        if seen_version != self.version:
-            copy_.store, copy_.global_trie = self.template.store, self.template.global_trie
-            copy_.global_match = (0, 0)  # its match bound assumed the old store
-        return self.version
-
-
-class DrafterPool:
-    """Templates, the suffix stores they share, and per-request copies."""
-
-    def __init__(self, templates: Sequence[Drafter]) -> None:
-        self.templates = list(templates)
-        self.stores = {i: SuffixStore(d) for i, d in enumerate(self.templates) if isinstance(d, SuffixDrafter)}
-
-    def for_request(self, prompt: Sequence[int]) -> list[Drafter]:
-        out: list[Drafter] = []
-        for drafter in self.templates:
-            if _is_shared(drafter):
-                mine = drafter
-            elif isinstance(drafter, SuffixDrafter):
-                mine = copy.copy(drafter)  # shares the store; begin_query gives it its own trie
-            else:
-                mine = drafter.fresh()
-            mine.begin_query(prompt)
-            out.append(mine)
-        return out
-
-    def finish(self, tokens: Sequence[int], prompt_len: int) -> None:
-        for store in self.stores.values():
-            store.finish(tokens, prompt_len)
 
 
 def route(drafters: Sequence[Drafter], arm: Arm, prompt: Sequence[int]) -> int:

@@ -1,4 +1,5 @@
-"""What a vLLM step costs, and each request's share of it (pure maths, no vLLM).
+"""What a batched step costs, and each request's share of it (pure maths): vLLM's steps under the
+draftwise proposer, and the batched rounds of draftwise's own engine.
 
 A step verifies every scheduled request at once, so its measured time is shared. A linear model,
 fitted online to the measured steps,

@@ -1,0 +1,328 @@
+"""One target forward for many queries: a KV cache with one row per query, each row its own length.
+
+:class:`BatchedLM` keeps every active query's keys and values in one preallocated buffer per
+layer, shaped (rows, heads, capacity, head_dim). Row ``r`` holds its query's cached tokens at
+slots ``0 … len_r − 1`` (slot = position for a chain). A forward feeds each row its own new
+tokens, padded to the longest: row ``r``'s j-th token is written at slot ``len_r + j``, and a
+per-row attention mask lets each query see exactly its own cached slots and its own new tokens
+(causally, or along a draft tree). Padding writes land beyond a row's length and are overwritten
+later, and cutting a row back after a rejection only lowers its length: no copying, no holes.
+
+:class:`RowLM` is one row seen as a :class:`~draftwise.cached_lm.TokenCache` (the engine's target
+for one query): alone it runs batch-of-one forwards on its row (the prompt, a white-box prefill);
+the batched round asks every row for its :class:`RowInput` and runs them in one forward.
+
+Rows stay packed (0 … B − 1): a leaving query's row takes the last row's contents, so every
+forward reads one contiguous slice of the buffers, never a gathered copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from draftwise.cached_lm import PendingTree, RowBuffer, TreeCacheMixin, common_prefix_len
+from draftwise.tree import check_tree, tree_attention_mask, tree_positions
+
+
+@dataclass
+class RowInput:
+    """What one row feeds in a forward: token ids after its ``cached`` slots, their positions,
+    which keys each may see ((n, cached + n) bool), and how many trailing logits it needs."""
+
+    row: RowLM
+    ids: list[int]
+    positions: list[int]
+    allowed: torch.Tensor
+    n_out: int
+
+
+class RowLayer:
+    """One attention layer's keys and values for every row (the transformers cache-layer calls)."""
+
+    is_sliding = False
+    is_compileable = False
+    is_initialized = True
+
+    def __init__(self, owner: BatchedLM) -> None:
+        self.owner = owner
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        plan = self.owner.plan
+        assert plan is not None, "a forward runs inside BatchedLM.run"
+        if self.keys is None or self.values is None:
+            self.keys = key_states.new_zeros(self.owner.buffer_shape(key_states))
+            self.values = value_states.new_zeros(self.owner.buffer_shape(value_states))
+        keys, values = self.keys[plan.rows], self.values[plan.rows]  # views: writes land in the buffers
+        index = plan.slots[:, None, :, None]
+        keys.scatter_(2, index.expand(-1, keys.shape[1], -1, keys.shape[3]), key_states)
+        values.scatter_(2, index.expand(-1, values.shape[1], -1, values.shape[3]), value_states)
+        return keys[:, :, : plan.kv_len], values[:, :, : plan.kv_len]
+
+    def get_seq_length(self) -> int:
+        plan = self.owner.plan
+        return 0 if plan is None else plan.kv_len - plan.slots.shape[1]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        plan = self.owner.plan
+        return (0 if plan is None else plan.kv_len), 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def resize(self, rows: int, capacity: int) -> None:
+        """Grow the buffers to at least ``rows`` × ``capacity`` (contents kept)."""
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            if old is None or (old.shape[0] >= rows and old.shape[2] >= capacity):
+                continue
+            shape = (max(rows, old.shape[0]), old.shape[1], max(capacity, old.shape[2]), old.shape[3])
+            grown = old.new_zeros(shape)
+            grown[: old.shape[0], :, : old.shape[2]] = old
+            setattr(self, name, grown)
+
+    def copy_row(self, source: int, dest: int) -> None:
+        for buffer in (self.keys, self.values):
+            if buffer is not None:
+                buffer[dest] = buffer[source]
+
+    def move(self, row: int, sources: list[int], start: int) -> None:
+        index = torch.tensor(sources, dtype=torch.long, device=self.owner.device)
+        for buffer in (self.keys, self.values):
+            if buffer is not None:  # gather first: sources and destinations may overlap
+                buffer[row, :, start : start + len(sources)] = buffer[row].index_select(1, index)
+
+
+@dataclass
+class ForwardPlan:
+    rows: slice  # the rows fed (contiguous)
+    slots: torch.Tensor  # (rows, n) where each fed token's keys and values go
+    kv_len: int  # slots visible to this forward (the longest row's cache + its new tokens)
+
+
+class RowCache:
+    """The transformers ``Cache`` surface a decoder forward touches, over :class:`RowLayer` buffers."""
+
+    is_compileable = False
+
+    def __init__(self, owner: BatchedLM, n_layers: int) -> None:
+        self.layers = [RowLayer(owner) for _ in range(n_layers)]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.layers[layer_idx].update(key_states, value_states)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[layer_idx].get_seq_length()
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.layers[layer_idx].get_mask_sizes(query_length)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+
+class BatchedLM:
+    """The target's KV cache for a batch of queries, one row each; :meth:`run` is one forward."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.rows: list[RowLM] = []
+        self.capacity = 0
+        self.calls = 0
+        self.plan: ForwardPlan | None = None
+        self.cache = self._new_cache()
+
+    def _new_cache(self) -> RowCache:
+        config = self.model.config
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return RowCache(self, int(config.num_hidden_layers))
+
+    def buffer_shape(self, states: torch.Tensor) -> tuple[int, int, int, int]:
+        return (max(len(self.rows), 1), states.shape[1], max(self.capacity, 1), states.shape[3])
+
+    # -- rows -------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def add_row(self) -> RowLM:
+        row = RowLM(self, len(self.rows))
+        self.rows.append(row)
+        for layer in self.cache.layers:
+            layer.resize(len(self.rows), self.capacity)
+        return row
+
+    @torch.inference_mode()
+    def drop_row(self, row: RowLM) -> None:
+        """Free ``row``: the last row moves into its place (rows stay packed)."""
+        last = self.rows.pop()
+        if last is not row:
+            for layer in self.cache.layers:
+                layer.copy_row(last.index, row.index)
+            last.index = row.index
+            self.rows[row.index] = last
+        row.index = -1
+
+    def reset(self) -> None:
+        """Forget every row's cache (an interrupted forward may have left any of them half-written)."""
+        for row in self.rows:
+            row.forget()
+
+    def _reserve(self, length: int) -> None:
+        if length <= self.capacity:
+            return
+        self.capacity = max(2 * self.capacity, length, 64)
+        for layer in self.cache.layers:
+            layer.resize(len(self.rows), self.capacity)
+
+    # -- one forward for many rows ----------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, inputs: Sequence[RowInput]) -> list[torch.Tensor]:
+        """One forward feeding every input's tokens to its row; float32 logits (n_out, V) per input.
+
+        The inputs' rows must be distinct and contiguous (a whole batch, or one row). A failure
+        inside the forward leaves the fed rows empty (their caches may be half-written)."""
+        indices = sorted(i.row.index for i in inputs)
+        if indices != list(range(indices[0], indices[0] + len(indices))):
+            raise ValueError("a batched forward feeds distinct, contiguous rows")
+        given = list(inputs)
+        inputs = sorted(given, key=lambda i: i.row.index)
+        width = max(len(i.ids) for i in inputs)
+        cached = [i.allowed.shape[1] - len(i.ids) for i in inputs]
+        kv_len = max(c + width for c in cached)
+        self._reserve(kv_len)
+        ids = torch.zeros((len(inputs), width), dtype=torch.long)
+        positions = torch.zeros((len(inputs), width), dtype=torch.long)
+        allowed = torch.zeros((len(inputs), width, kv_len), dtype=torch.bool)
+        for b, (item, start) in enumerate(zip(inputs, cached)):
+            n = len(item.ids)
+            ids[b, :n] = torch.tensor(item.ids)
+            positions[b, :n] = torch.tensor(item.positions)
+            positions[b, n:] = item.positions[-1] if item.positions else 0
+            allowed[b, :n, : start + n] = item.allowed
+            # padding queries see their own slot only (no fully masked row: no NaN in softmax)
+            pad = torch.arange(n, width)
+            allowed[b, pad, start + pad] = True
+        slots = torch.tensor(cached)[:, None] + torch.arange(width)[None, :]
+        blocked = torch.finfo(self.dtype).min
+        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill(~allowed, blocked)[:, None]
+        self.plan = ForwardPlan(slice(indices[0], indices[0] + len(indices)), slots.to(self.device), kv_len)
+        keep_hidden = any(i.row.keep_hidden for i in inputs)
+        try:
+            out = self.model(
+                input_ids=ids.to(self.device), position_ids=positions.to(self.device),
+                attention_mask=mask.to(self.device), past_key_values=self.cache, use_cache=True,
+                **({"output_hidden_states": True} if keep_hidden else {}),
+            )
+        except BaseException:
+            for item in inputs:
+                item.row.forget()
+            raise
+        finally:
+            self.plan = None
+        self.calls += 1
+        results = {}
+        for b, item in enumerate(inputs):
+            n = len(item.ids)
+            item.row.length = cached[b] + n
+            if item.row.keep_hidden:
+                item.row.hidden.append(out.hidden_states[-1][b, :n].float())
+            results[id(item)] = out.logits[b, n - item.n_out : n].float()
+        return [results[id(item)] for item in given]  # in the order given
+
+
+class RowLM(TreeCacheMixin):
+    """One row of a :class:`BatchedLM`: a query's target cache, following its token sequence.
+
+    ``tokens`` are the tokens whose keys and values the row holds (its first ``length`` slots);
+    a pending draft tree (:class:`~draftwise.cached_lm.TreeCacheMixin`) sits after them until the
+    next sync keeps its accepted path.
+    """
+
+    def __init__(self, batch: BatchedLM, index: int) -> None:
+        self.batch = batch
+        self.index = index
+        self.model = batch.model
+        self.vocab_size = batch.vocab_size
+        self.device = batch.device
+        self.keep_hidden = False
+        self.calls = 0
+        self.forget()
+
+    def forget(self) -> None:
+        self.tokens: list[int] = []
+        self.length = 0
+        self.tree = None
+        self.hidden = RowBuffer()
+
+    def reset(self) -> None:
+        self.forget()
+
+    # -- inputs for a batched forward ---------------------------------------------------------------
+    def chain_input(self, tokens: Sequence[int], n_out: int = 1) -> RowInput:
+        """Sync to ``tokens`` (keep the common prefix, drop the rest) and feed the unseen tokens."""
+        self._resolve_tree(tokens)
+        keep = min(common_prefix_len(self.tokens, tokens), len(tokens) - n_out)
+        self._truncate(keep)
+        fresh = list(tokens[keep:])
+        self.tokens = list(tokens)
+        n = len(fresh)
+        allowed = torch.ones((n, keep + n), dtype=torch.bool)
+        allowed[:, keep:] = torch.ones((n, n), dtype=torch.bool).tril()
+        return RowInput(self, fresh, list(range(keep, keep + n)), allowed, n_out)
+
+    def tree_input(self, context: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> RowInput:
+        """Sync to ``context`` and feed a draft tree after it (logits: after the context, then each node)."""
+        self._resolve_tree(context)
+        keep = min(common_prefix_len(self.tokens, context), len(context) - 1)
+        self._truncate(keep)
+        fresh = list(context[keep:])
+        self.tokens = list(context)
+        self.tree = PendingTree(len(context), list(tokens), list(parents))
+        check_tree(tokens, parents)
+        allowed = tree_attention_mask(parents, keep, len(fresh))
+        positions = list(range(keep, len(context))) + tree_positions(parents, len(context))
+        return RowInput(self, fresh + list(tokens), positions, allowed, len(tokens) + 1)
+
+    # -- the TokenCache calls, as batch-of-one forwards ------------------------------------------------
+    def logits(self, tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
+        return self._run(self.chain_input(tokens, n_out))
+
+    def extend(self, new_tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
+        return self.logits(self.tokens + list(new_tokens), n_out)
+
+    def tree_logits(self, context: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        return self._run(self.tree_input(context, tokens, parents))
+
+    def tree_extend(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        raise NotImplementedError("a batched target verifies whole trees; trees are grown on drafters")
+
+    def hidden_states(self, tokens: Sequence[int], start: int, stop: int) -> torch.Tensor:
+        from draftwise.errors import DraftwiseError
+
+        self._resolve_tree(tokens)
+        if stop > len(self.tokens) or self.tokens[:stop] != list(tokens[:stop]) or stop > self.hidden.length:
+            raise DraftwiseError(f"the target has no hidden states for positions {start}:{stop} of this sequence")
+        return self.hidden.view(start, stop).clone()
+
+    def _run(self, item: RowInput) -> torch.Tensor:
+        self.calls += 1
+        return self.batch.run([item])[0]
+
+    # -- TreeCacheMixin's cache operations on this row --------------------------------------------------
+    @torch.inference_mode()
+    def _move(self, sources: list[int], start: int) -> None:
+        for layer in self.batch.cache.layers:
+            layer.move(self.index, sources, start)
+        self.hidden.move(sources, start)
+
+    def _truncate(self, length: int) -> None:
+        self.length = min(self.length, length)
+        self.hidden.truncate(length)

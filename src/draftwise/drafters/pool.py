@@ -1,0 +1,85 @@
+"""Per-query copies of a drafter pool, for queries that run side by side (a batch, vLLM's requests).
+
+* PLD keeps a per-query n-gram index: each query gets a fresh copy.
+* Suffix keeps a per-query trie *and* a store of earlier responses shared by every query: a
+  query's copy shares the template's store, which grows as queries finish.
+* REST reads a datastore and keeps no per-query state: one instance serves every query.
+* LM drafters get one KV cache per query (their ``fresh`` copy shares the weights).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from draftwise.drafters.base import Drafter
+from draftwise.drafters.retrieval import RetrievalDrafter
+from draftwise.drafters.suffix import SuffixDrafter
+
+
+def _is_shared(drafter: Drafter) -> bool:
+    """Drafters with no per-query state (a datastore lookup) are used as they are."""
+    return isinstance(drafter, RetrievalDrafter)
+
+
+@dataclass
+class SuffixStore:
+    """A suffix template whose store of earlier responses every query's copy reads."""
+
+    template: SuffixDrafter
+    version: int = 0
+
+    def finish(self, tokens: Sequence[int], prompt_len: int) -> None:
+        self.template.end_query(tokens, prompt_len)
+        self.version += 1
+
+    def sync(self, copy_: SuffixDrafter, seen_version: int) -> int:
+        """Point a query's copy at the current store (the template may have rebuilt its trie)."""
+        if seen_version != self.version:
+            copy_.store, copy_.global_trie = self.template.store, self.template.global_trie
+            copy_.global_match = (0, 0)  # its match bound assumed the old store
+        return self.version
+
+
+class DrafterPool:
+    """Templates, the suffix stores they share, and per-query copies."""
+
+    def __init__(self, templates: Sequence[Drafter]) -> None:
+        self.templates = list(templates)
+        self.stores = {i: SuffixStore(d) for i, d in enumerate(self.templates) if isinstance(d, SuffixDrafter)}
+
+    def copies(self) -> list[Drafter]:
+        """One query's drafters (call ``begin_query`` on each before use)."""
+        out: list[Drafter] = []
+        for drafter in self.templates:
+            if _is_shared(drafter):
+                out.append(drafter)
+            elif isinstance(drafter, SuffixDrafter):
+                out.append(copy.copy(drafter))  # shares the store; begin_query gives it its own trie
+            else:
+                out.append(drafter.fresh())
+        return out
+
+    def for_request(self, prompt: Sequence[int]) -> list[Drafter]:
+        """One query's drafters, begun on its prompt."""
+        out = self.copies()
+        for drafter in out:
+            drafter.begin_query(prompt)
+        return out
+
+    def finish(self, tokens: Sequence[int], prompt_len: int) -> None:
+        """A query finished: the templates learn from it (the suffix stores grow)."""
+        for index, drafter in enumerate(self.templates):
+            if index in self.stores:
+                self.stores[index].finish(tokens, prompt_len)
+            else:
+                drafter.end_query(tokens, prompt_len)
+
+    def refresh(self, drafters: Sequence[Drafter], versions: dict[int, int]) -> None:
+        """Point a query's suffix copies at their stores as they are now (``versions``: what the
+        query has seen, updated here)."""
+        for index, store in self.stores.items():
+            drafter = drafters[index]
+            assert isinstance(drafter, SuffixDrafter)
+            versions[index] = store.sync(drafter, versions.get(index, store.version))

@@ -1,0 +1,202 @@
+"""Batched rounds: many queries share each target forward, each with its own arm and learner.
+
+Every query of a batch is a *lane*: an :class:`~draftwise.engine.loop.Engine` of its own whose
+target is the query's row of one :class:`~draftwise.batched_lm.BatchedLM`, whose drafters are the
+query's copies of the pool (:class:`~draftwise.drafters.pool.DrafterPool`: per-query caches and
+indexes, shared weights and stores) and whose learner is a copy of the shared one. A round runs
+the lanes' own select → draft, then **one** target forward for every lane's draft, then each
+lane's own verify → accept → feedback. Lanes join and leave between rounds (continuous batching).
+
+Shared cost. The forward's time is shared by its rows: a fitted step-cost model
+(:mod:`draftwise.step_costs`, ``T ≈ a + b·R + c·D``) splits it, each row paying ``a/R + b + c·d``
+for its ``d`` draft tokens. Throughput rewards therefore see what drafting really costs at this
+batch size: nearly nothing at batch 1, about a plain row's step per draft token when the forward
+is compute-bound — so speculation backs off as the batch grows.
+
+Two ways to decide (``decide``):
+
+* ``"query"`` — each lane's learner picks its own arm (MetaSD's instance-level choice in mixed
+  batches, and the default policy);
+* ``"batch"`` — one learner picks one arm for the whole batch each round, rewarded by the
+  round's throughput (BanditSpec §6.2: draft lengths 0..L by UCBSpec).
+
+With the learner's ``keep`` a finished lane's rounds are replayed into the shared learner
+(:func:`~draftwise.policies.base.replay`), so later queries start from what earlier ones learned.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from draftwise.arms import Arm
+from draftwise.batched_lm import BatchedLM, RowLM
+from draftwise.drafter_bank import attach_banks
+from draftwise.drafters.pool import DrafterPool
+from draftwise.engine.loop import Engine, QueryOutcome
+from draftwise.engine.query import QuerySettings, QueryState
+from draftwise.engine.routing import PromptFit
+from draftwise.policies import Policy, make_policy
+from draftwise.policies.base import replay
+from draftwise.step_costs import StepCostModel, StepShape, attribute
+from draftwise.trace import RoundRecord
+
+log = logging.getLogger(__name__)
+
+DECISIONS = ("query", "batch")
+
+
+@dataclass
+class Lane:
+    """One query of the batch: its engine (row, drafter copies, learner copy) and its state."""
+
+    engine: Engine
+    query: QueryState
+    row: RowLM
+    joined: float  # perf_counter when it joined
+    prefill_s: float  # target time on its prompt before round 1 (charged to round 1)
+    setup_s: float  # drafters' time on its prompt (routing, prompt prior; charged to round 1)
+    versions: dict[int, int] = field(default_factory=dict)  # suffix stores seen
+    outcome: QueryOutcome | None = None  # set when it leaves
+
+    @property
+    def done(self) -> bool:
+        query = self.query
+        return query.stopped_by is not None or query.generated >= query.settings.max_new_tokens
+
+
+class BatchEngine:
+    """Runs many queries at once with one target, a pool of drafters, a list of arms and a learner."""
+
+    def __init__(self, model: Any, drafters: Sequence[Any], arms: Sequence[Arm], policy: Policy, *,
+                 decide: str = "query", fast_drafters: bool = True, head_dtype: str | None = None,
+                 prompt_fit: PromptFit = PromptFit()) -> None:
+        if decide not in DECISIONS:
+            raise ValueError(f"decide must be one of {', '.join(DECISIONS)}, got {decide!r}")
+        self.target = BatchedLM(model)
+        self.pool = DrafterPool(drafters)
+        self.arms = list(arms)
+        self.policy = policy  # the shared learner: lanes learn on copies (decide="query") or it decides
+        self.decide = decide
+        self.fast_drafters = fast_drafters
+        self.head_dtype = head_dtype
+        self.prompt_fit = prompt_fit
+        self.costs = StepCostModel()
+        self.lanes: list[Lane] = []
+        self.rounds = 0
+        self.batch_records: list[RoundRecord] = []  # decide="batch": the batch learner's rounds
+
+    # -- lanes ----------------------------------------------------------------------------------------
+    def join(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator | None,
+             seed: int) -> Lane:
+        """Add a query: its row, drafter copies and learner; its prompt runs through the target now
+        (on its own row), so the batched rounds feed each row only its last token and its draft."""
+        row = self.target.add_row()
+        try:
+            drafters = self.pool.copies()
+            if self.fast_drafters:
+                attach_banks(drafters, self.head_dtype)
+            engine = Engine(row, drafters, self.arms, self._lane_policy(seed), self.prompt_fit)
+            if self.decide == "query" and self.policy.keep:
+                engine.history = []
+            query, prefill_s, setup_s = engine.start(prompt, settings, generator)
+            if row.length == 0 and len(prompt) > 1:
+                start = time.perf_counter()
+                row.logits(list(prompt[:-1]), 1)
+                prefill_s += time.perf_counter() - start
+        except BaseException:
+            self.target.drop_row(row)
+            raise
+        lane = Lane(engine, query, row, time.perf_counter(), prefill_s, setup_s)
+        self.lanes.append(lane)
+        return lane
+
+    def _lane_policy(self, seed: int) -> Policy:
+        if self.decide == "batch":  # the batch learner decides; a lane only follows
+            return make_policy("fixed:arm=0", [a.name for a in self.arms], np.random.default_rng(seed))
+        policy = copy.deepcopy(self.policy)
+        policy.rng = np.random.default_rng(seed)
+        return policy
+
+    def leave(self, lane: Lane, stopped_by: str | None = None) -> QueryOutcome:
+        """Remove a query (finished, or cancelled between rounds): deliver its pending feedback, add
+        its response to the shared stores, replay its rounds into the shared learner (``keep``),
+        free its row. Returns its outcome."""
+        query = lane.query
+        if stopped_by is not None and query.stopped_by is None:
+            query.stopped_by = stopped_by
+        lane.engine.finish(query, end_drafters=False)
+        self.pool.finish(query.context, query.prompt_len)
+        if lane.engine.history is not None:
+            replay(self.policy, lane.engine.history)
+        self.target.drop_row(lane.row)
+        self.lanes.remove(lane)
+        extra = 1 if query.prompt_len > 1 else 0  # the prompt's own forward
+        lane.outcome = QueryOutcome(query.context, query.records, query.stopped_by or "max_new_tokens",
+                                    time.perf_counter() - lane.joined, extra)
+        return lane.outcome
+
+    def recover(self) -> None:
+        """After an interrupt: forget every row's cache and every drafter's per-query state (the
+        queries' tokens stay; the next round re-syncs from them)."""
+        self.target.reset()
+        for lane in self.lanes:
+            lane.engine.recover()
+
+    # -- a round --------------------------------------------------------------------------------------
+    def round(self) -> list[Lane]:
+        """One round of every lane: their drafts verified in one target forward. Returns the lanes
+        that finished in it (still in the batch: call :meth:`leave`)."""
+        lanes = [lane for lane in self.lanes if not lane.done]
+        if not lanes:
+            return []
+        try:
+            return self._round(lanes)
+        except BaseException:
+            self.recover()
+            raise
+
+    def _round(self, lanes: list[Lane]) -> list[Lane]:
+        clock = time.perf_counter
+        start = clock()
+        forced = self.policy.select() if self.decide == "batch" else None
+        plans = []
+        for lane in lanes:
+            self.pool.refresh(lane.engine.drafters, lane.versions)
+            plans.append(lane.engine.plan(lane.query, forced))
+        inputs = [lane.engine.target_input(lane.query, plan.draft) for lane, plan in zip(lanes, plans)]
+        forward_start = clock()
+        logits = self.target.run(inputs)
+        seconds = clock() - forward_start
+        shape = StepShape(len(lanes), sum(len(plan.draft.tokens) for plan in plans), seconds)
+        self.costs.observe(shape)
+        records = []
+        for lane, plan, rows in zip(lanes, plans, logits):
+            share = attribute(self.costs.coef, shape, len(plan.draft.tokens), 0.0, "seconds").verify
+            record = lane.engine.conclude(lane.query, plan, rows, share)
+            if record.index == 0:
+                record.verify_s += lane.prefill_s
+                record.draft_s += lane.setup_s
+            records.append(record)
+        self.rounds += 1
+        if forced is not None:
+            self._batch_feedback(forced, records, clock() - start)
+        return [lane for lane in lanes if lane.done]
+
+    def _batch_feedback(self, arm: int, records: list[RoundRecord], seconds: float) -> None:
+        """``decide="batch"``: the batch learner's reward is the round's throughput (all rows' tokens
+        per second of the whole round)."""
+        record = RoundRecord(
+            index=len(self.batch_records), arm=arm, arm_name=self.arms[arm].name, max_draft=self.arms[arm].draft_len,
+            drafted=sum(r.drafted for r in records), accepted=sum(r.accepted for r in records),
+            emitted=sum(r.emitted for r in records), position=0, verify_s=seconds,
+        )
+        record.reward = self.policy.update(arm, record)
+        self.batch_records.append(record)

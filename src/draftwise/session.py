@@ -1,0 +1,144 @@
+"""A continuous batch of queries over one :class:`~draftwise.api.Generator`, one round at a time.
+
+``session.add(...)`` queues a query (checked at once: a bad one raises and nothing else changes);
+``session.step()`` admits queued queries while the batch has room, runs one batched round and
+returns each query's new tokens; ``session.cancel(handle)`` drops a query between rounds. A
+server drives it from one thread; :meth:`~draftwise.api.Generator.generate_batch` runs it to the end.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from draftwise.engine.batch import BatchEngine, Lane
+from draftwise.engine.query import QuerySettings
+from draftwise.errors import DraftwiseError
+from draftwise.trace import GenerationResult
+
+if TYPE_CHECKING:
+    from draftwise.api import Generator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class BatchQuery:
+    """A query of a session: its prompt, what it generated so far, and its result once done."""
+
+    prompt_ids: list[int]
+    settings: QuerySettings
+    seed: int
+    lane: Lane | None = None  # while in the batch
+    result: GenerationResult | None = None  # once done (finished, cancelled or interrupted)
+    sent: int = field(default=0, repr=False)  # new tokens already handed out by step()
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    @property
+    def new_tokens(self) -> list[int]:
+        if self.result is not None:
+            return self.result.token_ids
+        if self.lane is None:
+            return []
+        return self.lane.query.context[self.lane.query.prompt_len :]
+
+
+class BatchSession:
+    """Queries joining and leaving one batch between rounds (at most ``max_batch`` at once)."""
+
+    def __init__(self, generator: Generator, max_batch: int = 32, decide: str = "query") -> None:
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise DraftwiseError(f"the batch size must be an integer ≥ 1, got {max_batch!r}")
+        self.generator = generator
+        self.max_batch = max_batch
+        try:
+            self.engine = BatchEngine(generator.model, generator.drafters, generator.arms, generator.policy,
+                                      decide=decide, fast_drafters=generator.fast_drafters,
+                                      head_dtype=generator.drafter_head_dtype)
+        except ValueError as error:
+            raise DraftwiseError(str(error)) from None
+        self.waiting: deque[BatchQuery] = deque()
+        self.active: list[BatchQuery] = []
+
+    def add(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
+            top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+            stop: Sequence[str] = (), ignore_eos: bool = False, truncate: bool = False) -> BatchQuery:
+        """Queue a query (the arguments of :meth:`~draftwise.api.Generator.generate`); it joins the
+        batch at the next :meth:`step` with room. Bad arguments raise :class:`DraftwiseError` here."""
+        ids, settings, seed = self.generator.prepare(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
+                                                     ignore_eos, truncate)
+        handle = BatchQuery(ids, settings, seed)
+        self.waiting.append(handle)
+        return handle
+
+    @property
+    def pending(self) -> int:
+        """Queries queued or running."""
+        return len(self.waiting) + len(self.active)
+
+    def step(self) -> list[tuple[BatchQuery, list[int]]]:
+        """Admit queued queries while there is room, run one round of the batch, retire finished
+        queries. Returns each query with the tokens it gained (a finished one has ``result`` set)."""
+        self._admit()
+        finished = {id(lane) for lane in self.engine.round()}
+        events = []
+        for handle in list(self.active):
+            lane = handle.lane
+            assert lane is not None
+            if id(lane) in finished:
+                self._retire(handle)
+            new = handle.new_tokens[handle.sent :]
+            handle.sent += len(new)
+            if new or handle.done:
+                events.append((handle, new))
+        return events
+
+    def run(self) -> None:
+        """Step until every query is done; Ctrl-C ends every query as ``interrupted`` (what each
+        generated is kept, the Generator stays exact) and re-raises nothing."""
+        try:
+            while self.pending:
+                self.step()
+        except KeyboardInterrupt:
+            for handle in list(self.active) + list(self.waiting):
+                self.cancel(handle, "interrupted")
+
+    def cancel(self, handle: BatchQuery, reason: str = "cancelled") -> None:
+        """End a query between rounds; its result keeps what it generated."""
+        if handle.done:
+            return
+        if handle in self.waiting:
+            self.waiting.remove(handle)
+            handle.result = self._result(handle, None, reason)
+            return
+        self._retire(handle, reason)
+
+    # ------------------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        while self.waiting and len(self.active) < self.max_batch:
+            handle = self.waiting.popleft()
+            generator = torch.Generator(device=self.engine.target.device).manual_seed(handle.seed)
+            handle.lane = self.engine.join(handle.prompt_ids, handle.settings, generator, handle.seed)
+            self.active.append(handle)
+
+    def _retire(self, handle: BatchQuery, reason: str | None = None) -> None:
+        lane = handle.lane
+        assert lane is not None
+        outcome = self.engine.leave(lane, reason)
+        self.active.remove(handle)
+        handle.result = self.generator.result(handle.prompt_ids, outcome, handle.seed)
+
+    def _result(self, handle: BatchQuery, lane: Lane | None, reason: str) -> GenerationResult:
+        result = self.generator.failed(reason)
+        result.stats.stopped_by = reason
+        result.error = None
+        result.prompt_ids, result.seed = handle.prompt_ids, handle.seed
+        return result

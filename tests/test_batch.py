@@ -1,0 +1,269 @@
+"""Batched rounds (issue 15): many queries per target forward, each exact as if it ran alone.
+
+The batched cache's logits equal the single-query cache's; every sequence of a batch equals its
+own plain greedy decoding over architectures, batch sizes, prompt lengths, drafter kinds and
+policies (a mismatch is tolerated only at a near-tie of the target's two best logits, < 1e-4, and
+the test checks that this is the reason); sampled sequences follow the target's distribution.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+
+import numpy as np
+import pytest
+import torch
+from test_lossless_sampling import DRAFTERS, DRAWS, NEW, PROMPT, _model, chi_square_p, exact_joint
+from test_whitebox import TREES, heads_dir, llama  # noqa: F401 (fixtures)
+
+from draftwise import Generator
+from draftwise.batched_lm import BatchedLM
+from draftwise.cached_lm import CachedLM
+from draftwise.drafters import build_drafters, load_head_drafter
+from draftwise.errors import DraftwiseError
+from draftwise.loading import LoadOptions, load_causal_lm
+from draftwise.verify import Sampling
+
+TIE = 1e-4  # batching changes float rounding: only a near-tie of the top two logits may flip
+
+
+def _load(tiny_models, name: str):
+    return load_causal_lm(str(tiny_models[name]), LoadOptions())
+
+
+def _generator(tiny_models, target: str, specs: list[str], policy: str, **kwargs) -> Generator:
+    model, tokenizer = _load(tiny_models, target)
+    options = LoadOptions()
+    pool = build_drafters([str(tiny_models[s]) if s in tiny_models else s for s in specs], model, tokenizer, options)
+    return Generator(model, tokenizer, pool, policy=policy, **kwargs)
+
+
+@torch.inference_mode()
+def _plain_greedy(model, prompt: list[int], max_new: int, eos: frozenset[int]) -> tuple[list[int], list[float]]:
+    """Greedy decoding one token at a time, with the gap between the two best logits at each step."""
+    cache = CachedLM(model)
+    tokens, gaps = list(prompt), []
+    for _ in range(max_new):
+        logits = cache.logits(tokens, 1)[0]
+        top = logits.topk(2).values
+        gaps.append(float(top[0] - top[1]))
+        tokens.append(int(logits.argmax()))
+        if tokens[-1] in eos:
+            break
+    return tokens[len(prompt):], gaps
+
+
+def assert_exact(model, prompt: list[int], got: list[int], max_new: int, eos: frozenset[int], where: str) -> None:
+    """``got`` equals plain greedy decoding, or first differs where the target's top two logits tie."""
+    want, gaps = _plain_greedy(model, prompt, max_new, eos)
+    if got == want:
+        return
+    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    assert first < len(gaps) and gaps[first] < TIE, (
+        f"{where}: differs from plain greedy at token {first} (top-2 gap {gaps[first] if first < len(gaps) else None})")
+
+
+# -- the batched cache ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["llama-target", "gpt2-target"])
+def test_batched_cache_gives_each_row_its_own_logits(tiny_models, arch) -> None:
+    model, _ = _load(tiny_models, arch)
+    vocab = model.config.vocab_size
+    rng = random.Random(arch)
+    batch = BatchedLM(model)
+    rows = [batch.add_row() for _ in range(4)]
+    refs = [CachedLM(model) for _ in rows]
+    seqs = [[rng.randrange(vocab) for _ in range(rng.randrange(2, 20))] for _ in rows]
+    for row, ref, seq in zip(rows, refs, seqs):
+        assert torch.allclose(row.logits(seq, 2), ref.logits(seq, 2), atol=1e-4)
+    for step in range(24):
+        if step == 10:  # a query leaves from the middle: the last row moves into its place
+            batch.drop_row(rows[1])
+            del rows[1], refs[1], seqs[1]
+        if step == 14:  # one joins
+            rows.append(batch.add_row())
+            refs.append(CachedLM(model))
+            seqs.append([rng.randrange(vocab) for _ in range(5)])
+            rows[-1].logits(seqs[-1][:-1])
+            refs[-1].logits(seqs[-1][:-1])
+        inputs, expected = [], []
+        for row, ref, seq in zip(rows, refs, seqs):
+            seq.append(rng.randrange(vocab))
+            draft = [rng.randrange(vocab) for _ in range(rng.randrange(0, 6))]
+            if step % 5 == 4:  # a draft tree: depth-based positions, the accepted path kept
+                parents = [-1] + [rng.randrange(-1, i) for i in range(1, len(draft))] if draft else []
+                inputs.append(row.tree_input(seq, draft, parents))
+                expected.append(ref.tree_logits(seq, draft, parents))
+                continue
+            inputs.append(row.chain_input(seq + draft, len(draft) + 1))
+            expected.append(ref.logits(seq + draft, len(draft) + 1))
+            seq.extend(draft[: rng.randrange(0, len(draft) + 1)])
+        order = list(range(len(inputs)))
+        rng.shuffle(order)  # results come back in the order asked, whatever the rows
+        got = batch.run([inputs[i] for i in order])
+        for slot, i in enumerate(order):
+            assert torch.allclose(got[slot], expected[i], atol=1e-4), (arch, step, i)
+
+
+# -- greedy: every sequence equals its own plain decoding ---------------------------------------------------
+SETUPS = {
+    # name: (target, drafters, policy, decide)
+    "llama-lm-ucb": ("llama-target", ["llama-near", "llama-small"], "ucb", "query"),
+    "llama-lookups-default": ("llama-target", ["pld", "suffix"], "ctx-ucb", "query"),
+    "llama-mixed-hedgespec": ("llama-target", ["llama-near", "pld", "suffix"], "hedgespec", "query"),
+    "llama-lengths-batch": ("llama-target", ["llama-twin"], "banditspec-length", "batch"),
+    "llama-tree": ("llama-target", ["lm:model=llama-near,tree=dynamic,topk=2,budget=6", "pld"], "metasd-ucb",
+                   "query"),
+    "gpt2-mixed-default": ("gpt2-target", ["gpt2-near", "pld", "suffix"], "ctx-ucb", "query"),
+    "gpt2-lengths-batch": ("gpt2-target", ["pld"], "banditspec-length", "batch"),
+}
+
+
+def _spec(tiny_models, spec: str) -> str:
+    if spec in tiny_models:
+        return str(tiny_models[spec])
+    for name, path in tiny_models.items():
+        spec = spec.replace(f"model={name},", f"model={path},")
+    return spec
+
+
+@pytest.mark.parametrize("setup", sorted(SETUPS))
+def test_every_sequence_of_a_batch_is_its_own_greedy_decoding(tiny_models, setup: str) -> None:
+    target, specs, policy, decide = SETUPS[setup]
+    gen = _generator(tiny_models, target, [_spec(tiny_models, s) for s in specs], policy)
+    rng = random.Random(setup)
+    vocab = gen.target.vocab_size
+    text_like = [rng.randrange(1, vocab) for _ in range(12)]
+    accepted = 0
+    for batch_size in (1, 3, 8):
+        prompts = []
+        for i in range(batch_size + 2):  # more prompts than rows: queries join as others leave
+            length = rng.choice([1, 2, 5, 17, 40])
+            if i % 2:  # repetitive prompts give the lookups something to draft
+                prompts.append((text_like * 4)[:length])
+            else:
+                prompts.append([rng.randrange(1, vocab) for _ in range(length)])
+        max_new = rng.randint(6, 30)
+        ignore_eos = batch_size != 3
+        results = gen.generate_batch(prompts, max_new_tokens=max_new, batch_size=batch_size, decide=decide,
+                                     ignore_eos=ignore_eos)
+        eos = frozenset() if ignore_eos else gen.eos_ids
+        for prompt, result in zip(prompts, results):
+            assert result.error is None
+            assert_exact(gen.model, prompt, result.token_ids, max_new, eos, f"{setup} B={batch_size}")
+            accepted += result.stats.accepted
+    assert accepted > 0  # drafts were really accepted inside batches (the accept path is exercised)
+
+
+def test_white_box_heads_in_a_batch(heads_dir, llama) -> None:  # noqa: F811
+    target, _ = llama
+    text = json.loads((heads_dir / "text.json").read_text())
+    for head, tree in [("eagle-trained", "chain"), ("medusa", "static")]:
+        drafter = load_head_drafter(str(heads_dir / head), target, tree=TREES[tree])
+        gen = Generator(target, None, [drafter], policy="fixed:0", draft_len=4)
+        prompts = [text[i][: 3 + i] for i in range(5)]
+        results = gen.generate_batch(prompts, max_new_tokens=24, batch_size=3, ignore_eos=True)
+        accepted = 0
+        for prompt, result in zip(prompts, results):
+            assert_exact(target, prompt, result.token_ids, 24, frozenset(), head)
+            accepted += result.stats.accepted
+        if head == "eagle-trained":
+            assert accepted > 10  # the head's drafts are really accepted in the batch
+
+
+# -- sampling ---------------------------------------------------------------------------------------------
+def test_sampled_sequences_of_a_batch_follow_the_target() -> None:
+    target = _model(3, 2)
+    sampling = Sampling(temperature=1.0)
+    pool = [DRAFTERS["lm"](), DRAFTERS["pld"](), DRAFTERS["noise"]()]
+    gen = Generator(target, None, pool, policy="random", draft_len=2)
+    results = gen.generate_batch([PROMPT] * DRAWS, max_new_tokens=NEW, temperature=1.0, seed=list(range(DRAWS)),
+                                 ignore_eos=True, batch_size=16)
+    counts = np.zeros([5] * NEW)
+    for result in results:
+        counts[tuple(result.token_ids)] += 1
+    assert chi_square_p(counts, exact_joint(target, sampling)) > 1e-3
+
+
+def test_mixed_sampling_settings_in_one_batch(tiny_models) -> None:
+    """Greedy and sampled queries share rounds; each gets what it would get alone (fixed arm)."""
+    gen = _generator(tiny_models, "llama-target", [str(tiny_models["llama-near"]), "pld"], "fixed:0")
+    rng = random.Random(7)
+    prompts = [[rng.randrange(1, 50) for _ in range(6 + i)] for i in range(6)]
+    settings = [dict(temperature=0.0), dict(temperature=0.8, seed=3), dict(temperature=1.2, top_k=5, seed=4),
+                dict(temperature=0.0), dict(temperature=0.7, top_p=0.9, seed=5), dict(temperature=1.0, seed=6)]
+    session = gen.batch_session(max_batch=6)
+    handles = [session.add(p, max_new_tokens=20, ignore_eos=True, **s) for p, s in zip(prompts, settings)]
+    session.run()
+    for prompt, kw, handle in zip(prompts, settings, handles):
+        alone = gen.generate(prompt, max_new_tokens=20, ignore_eos=True, **kw)
+        assert handle.result is not None and handle.result.token_ids == alone.token_ids, kw
+
+
+# -- errors, cancellation, interrupts -----------------------------------------------------------------------
+def test_an_over_long_prompt_fails_alone(tiny_models) -> None:
+    gen = _generator(tiny_models, "llama-target", ["pld"], "ucb")
+    limit = gen.max_context
+    assert limit is not None
+    prompts = [[5, 6, 7], [3] * (limit + 10), [8, 9]]
+    results = gen.generate_batch(prompts, max_new_tokens=8, ignore_eos=True)
+    assert results[1].error is not None and "exceeds the target's context" in results[1].error
+    assert results[1].token_ids == []
+    for i in (0, 2):
+        assert results[i].error is None
+        assert_exact(gen.model, prompts[i], results[i].token_ids, 8, frozenset(), "over-long neighbour")
+    with pytest.raises(DraftwiseError, match="batch size"):
+        gen.batch_session(max_batch=0)
+    with pytest.raises(DraftwiseError, match="decide"):
+        gen.batch_session(decide="sometimes")
+
+
+def test_cancel_and_interrupt_leave_the_batch_exact(tiny_models) -> None:
+    gen = _generator(tiny_models, "llama-target", [str(tiny_models["llama-near"]), "pld", "suffix"], "ucb")
+    rng = random.Random(3)
+    prompts = [[rng.randrange(1, 50) for _ in range(4 + i)] for i in range(5)]
+    session = gen.batch_session(max_batch=4)
+    handles = [session.add(p, max_new_tokens=30, ignore_eos=True) for p in prompts]
+    session.step()
+    session.step()
+    session.cancel(handles[1])  # between rounds: the others go on
+    assert handles[1].result is not None and handles[1].result.stats.stopped_by == "cancelled"
+    assert 0 < len(handles[1].result.token_ids) < 30
+    session.cancel(handles[4])  # still waiting: nothing generated
+    assert handles[4].result is not None and handles[4].result.token_ids == []
+    # an interrupt at a random point inside a round (timer signal), then the same session goes on
+    fired = []
+
+    def interrupt(*_):
+        fired.append(1)
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.004)
+        try:
+            while session.pending:
+                session.step()
+        except KeyboardInterrupt:
+            pass
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    session.run()
+    for i in (0, 2, 3):
+        result = handles[i].result
+        assert result is not None and len(result.token_ids) == 30
+        assert_exact(gen.model, prompts[i], result.token_ids, 30, frozenset(), f"query {i} after interrupt")
+    # and the Generator itself is still exact for a single query
+    alone = gen.generate(prompts[0], max_new_tokens=30, ignore_eos=True)
+    assert alone.token_ids == handles[0].result.token_ids
+
+
+def test_learning_carries_across_queries_of_a_batch(tiny_models) -> None:
+    """With ``keep`` the shared learner absorbs every finished query's rounds."""
+    gen = _generator(tiny_models, "llama-target", [str(tiny_models["llama-twin"]), "pld"], "ucb:keep=true")
+    before = np.array(gen.policy.pulls, copy=True)
+    results = gen.generate_batch([[1, 2, 3, 4]] * 4, max_new_tokens=12, batch_size=2, ignore_eos=True)
+    rounds = sum(r.stats.rounds for r in results)
+    assert gen.policy.pulls.sum() - before.sum() == pytest.approx(rounds)
