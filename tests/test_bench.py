@@ -443,3 +443,36 @@ def test_the_default_data_folder_follows_the_checkout_not_the_cwd(monkeypatch, t
     err = capsys.readouterr().err
     assert f"data folder {tmp_path / 'my-data'} ($DRAFTWISE_DATA) does not exist" in err, err
     assert not (tmp_path / "build").exists()
+
+
+# ----------------------------------------------------------------------------- batched rounds (--batch-size)
+
+
+def test_batch_size_bench_reports_throughput_against_batched_ar(setup, capsys) -> None:
+    cfg = config(setup, "batched", "ar,hf-ar,default,fixed:pld,length:2,banditspec-length,ucb", repeats=2)
+    args = cli_args(cfg) + ["--batch-size", "1,3", "--repeats", "2"]
+    assert main(args) == 0
+    out = Path(cfg.out)
+    rows = read_rows(out / "batch-results.jsonl")
+    assert len(rows) == 2 * 7 * 2  # B × method × repeat
+    summary = json.loads((out / "batch-summary.json").read_text())
+    for size in ("1", "3"):
+        table = summary[size]
+        assert table["ar"]["speedup"] == 1.0
+        for method, values in table.items():
+            assert values["mismatches"] == 0, (size, method)
+            assert values["tokens_per_s"] > 0 and values["repeats"] == 2
+        assert table["length:2"]["mat"] > 1.0  # drafts really accepted in batches
+    assert "| 3 | banditspec-length |" in (out / "batch-summary.md").read_text()
+    # rerun: every row is already there, nothing is run again
+    assert main(args) == 0
+    assert len(read_rows(out / "batch-results.jsonl")) == len(rows)
+
+
+def test_batch_size_bench_refuses_bad_sizes_and_methods(setup, capsys) -> None:
+    cfg = config(setup, "batched-bad", "ar,length:0")
+    assert main(cli_args(cfg) + ["--batch-size", "0,2"]) == 2
+    assert "--batch-size takes batch sizes" in capsys.readouterr().err
+    assert main(cli_args(cfg) + ["--batch-size", "2"]) == 2
+    assert "length:K needs a draft length" in capsys.readouterr().err
+    assert not Path(cfg.out).exists()

@@ -175,6 +175,11 @@ class BatchedLM:
         for row in self.rows:
             row.forget()
 
+    def kv_bytes(self) -> int:
+        """Memory held by the keys and values of every layer (all rows, full capacity)."""
+        return sum(t.numel() * t.element_size() for layer in self.cache.layers for t in (layer.keys, layer.values)
+                   if t is not None)
+
     def _reserve(self, length: int) -> None:
         if length <= self.capacity:
             return
@@ -215,11 +220,13 @@ class BatchedLM:
         mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill(~allowed, blocked)[:, None]
         self.plan = ForwardPlan(slice(indices[0], indices[0] + len(indices)), slots.to(self.device), kv_len)
         keep_hidden = any(i.row.keep_hidden for i in inputs)
+        # the LM head runs only where some row needs logits (a prompt needs its last position only)
+        keep = max(width - len(i.ids) + i.n_out for i in inputs)
         try:
             out = self.model(
                 input_ids=ids.to(self.device), position_ids=positions.to(self.device),
                 attention_mask=mask.to(self.device), past_key_values=self.cache, use_cache=True,
-                **({"output_hidden_states": True} if keep_hidden else {}),
+                logits_to_keep=keep, **({"output_hidden_states": True} if keep_hidden else {}),
             )
         except BaseException:
             for item in inputs:
@@ -234,7 +241,8 @@ class BatchedLM:
             item.row.length = cached[b] + n
             if item.row.keep_hidden:
                 item.row.hidden.append(out.hidden_states[-1][b, :n].float())
-            results[id(item)] = out.logits[b, n - item.n_out : n].float()
+            first = keep - width + n - item.n_out  # logits row of position n - n_out
+            results[id(item)] = out.logits[b, first : first + item.n_out].float()
         return [results[id(item)] for item in given]  # in the order given
 
 

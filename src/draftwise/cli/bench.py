@@ -66,6 +66,13 @@ def register(subparsers: Any) -> None:
                    help="length of each method's untimed warm-up run (0: none)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
     p.add_argument("--dtype", default="float32", help="model dtype (default float32)")
+    p.add_argument("--batch-size", default=None, metavar="B[,B...]",
+                   help="batched rounds: run every method over all prompts B at a time (continuous batching) and "
+                   "report output tokens/s against ar, batched plain decoding at the same B (methods: ar, hf-ar, "
+                   "default, fixed:NAME, length:K, banditspec-length, any policy); results in "
+                   "OUT/batch-summary.md")
+    p.add_argument("--length-drafter", default="pld", metavar="NAME",
+                   help="with --batch-size: the drafter of length:K and banditspec-length (default pld)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -94,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     torch.set_num_threads(config.threads)
     out = Path(config.out)
+    if args.batch_size is not None:
+        return run_batched_cli(config, args)
     try:
         result = run_bench(config)
     except KeyboardInterrupt:
@@ -111,5 +120,45 @@ def run(args: argparse.Namespace) -> int:
         bad = [m for m, v in full.items() if v["overall"]["mismatches"]]
         print(f"draftwise bench: error: {mismatches} output(s) differ from ar's greedy output "
               f"(methods: {', '.join(bad)}); see {out / 'results.jsonl'}", file=sys.stderr)
+        return MISMATCH_EXIT
+    return 0
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``"1,4,16"`` → [1, 4, 16] (one clear error otherwise)."""
+    from draftwise.errors import DraftwiseError
+
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise DraftwiseError(f"--batch-size takes batch sizes ≥ 1 separated by commas (e.g. 1,4,16), got {text!r}")
+    return sizes
+
+
+def run_batched_cli(config: BenchConfig, args: argparse.Namespace) -> int:
+    from draftwise.bench.batched import SUMMARY, run_batched
+
+    sizes = parse_sizes(args.batch_size)
+    if config.temperature != 0:
+        from draftwise.errors import DraftwiseError
+
+        raise DraftwiseError("--batch-size benchmarks greedy decoding only (outputs are checked against ar's)")
+    methods = config.methods if args.methods else ("ar", "hf-ar", "default", "length:2", "length:4", "length:8",
+                                                   "banditspec-length")
+    from dataclasses import replace
+
+    try:
+        summary = run_batched(replace(config, methods=tuple(methods)), sizes, args.length_drafter)
+    except KeyboardInterrupt:
+        print(f"interrupted: finished rows kept in {Path(config.out)}; rerun the same command to resume",
+              file=sys.stderr)
+        return INTERRUPTED_EXIT
+    print((Path(config.out) / f"{SUMMARY}.md").read_text())
+    mismatches = sum(v["mismatches"] for table in summary.values() for v in table.values())
+    if mismatches:
+        print(f"draftwise bench: error: {mismatches} output(s) differ from ar's greedy output beyond near-ties",
+              file=sys.stderr)
         return MISMATCH_EXIT
     return 0

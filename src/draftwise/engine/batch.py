@@ -54,6 +54,21 @@ DECISIONS = ("query", "batch")
 
 
 @dataclass
+class BatchTiming:
+    """Where a batch's round time went: the target's forwards, the drafters, and the rest
+    (policies, verification maths, bookkeeping)."""
+
+    rounds: int = 0
+    rounds_s: float = 0.0
+    forward_s: float = 0.0
+    draft_s: float = 0.0
+
+    @property
+    def bookkeeping_s(self) -> float:
+        return max(0.0, self.rounds_s - self.forward_s - self.draft_s)
+
+
+@dataclass
 class Lane:
     """One query of the batch: its engine (row, drafter copies, learner copy) and its state."""
 
@@ -90,7 +105,7 @@ class BatchEngine:
         self.prompt_fit = prompt_fit
         self.costs = StepCostModel()
         self.lanes: list[Lane] = []
-        self.rounds = 0
+        self.timing = BatchTiming()
         self.batch_records: list[RoundRecord] = []  # decide="batch": the batch learner's rounds
 
     # -- lanes ----------------------------------------------------------------------------------------
@@ -185,9 +200,13 @@ class BatchEngine:
                 record.verify_s += lane.prefill_s
                 record.draft_s += lane.setup_s
             records.append(record)
-        self.rounds += 1
         if forced is not None:
             self._batch_feedback(forced, records, clock() - start)
+        timing = self.timing
+        timing.rounds += 1
+        timing.rounds_s += clock() - start
+        timing.forward_s += seconds
+        timing.draft_s += sum(plan.draft_s for plan in plans)
         return [lane for lane in lanes if lane.done]
 
     def _batch_feedback(self, arm: int, records: list[RoundRecord], seconds: float) -> None:

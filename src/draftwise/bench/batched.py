@@ -1,0 +1,297 @@
+"""``draftwise bench --batch-size B[,B…]``: throughput of batched rounds against batched plain decoding.
+
+Prompts are interleaved by domain (each batch of B holds up to B domains: MetaSD's heterogeneous
+batches) and run through :meth:`~draftwise.api.Generator.generate_batch` with continuous batching
+(a finished query's row goes to the next prompt). The unit is a whole pass over the prompts: one
+row per (B, method, repeat) with output tokens, wall time and tokens/s; speedups are against
+``ar`` (draftwise's batched plain decoding) at the same B in the same process, warm-up excluded.
+
+Methods: ``ar``; ``hf-ar`` (transformers' batched ``generate`` on left-padded batches of B);
+``default``; ``fixed:NAME`` (one drafter); ``length:K`` (the length drafter at K tokens every
+round); ``banditspec-length`` (one draft length 0..L per round for the whole batch, UCBSpec with
+the round's throughput as reward); any other policy or preset (each query its own learner).
+Greedy outputs are compared with ``ar``'s; a difference where the target's two best logits tie
+within 1e-4 is counted apart (batching changes float rounding), any other is a mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from draftwise.bench.methods import Workbench, eos_ids
+from draftwise.errors import DraftwiseError
+
+log = logging.getLogger(__name__)
+
+RESULTS = "batch-results.jsonl"
+SUMMARY = "batch-summary"
+TIE = 1e-4
+
+
+@dataclass
+class BatchRun:
+    token_ids: list[list[int]]
+    wall_s: float
+    stats: dict[str, Any]
+
+
+Runner = Callable[[Sequence[list[int]], int, int], BatchRun]  # (prompts, batch size, max_new_tokens)
+
+
+def interleave_domains(prompts: Sequence[Any]) -> list[int]:
+    """Prompt indices ordered round-robin over domains, so consecutive prompts differ in domain.
+
+    >>> from types import SimpleNamespace as P
+    >>> interleave_domains([P(domain=d) for d in "aabbc"])
+    [0, 2, 4, 1, 3]
+    """
+    by_domain: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_domain.setdefault(p.domain, []).append(i)
+    queues = list(by_domain.values())
+    out: list[int] = []
+    while any(queues):
+        for queue in queues:
+            if queue:
+                out.append(queue.pop(0))
+    return out
+
+
+def engine_runner(generator: Any, decide: str = "query") -> Runner:
+    def run(prompts: Sequence[list[int]], batch: int, max_new: int) -> BatchRun:
+        start = time.perf_counter()
+        session = generator.batch_session(batch, decide)
+        handles = [session.add(p, max_new_tokens=max_new) for p in prompts]
+        session.run()
+        wall = time.perf_counter() - start
+        results = [h.result for h in handles]
+        if any(r.stats.stopped_by == "interrupted" for r in results):
+            raise KeyboardInterrupt
+        timing = session.engine.timing
+        pulls: dict[str, int] = {}
+        for r in results:
+            for arm, n in r.stats.pulls.items():
+                pulls[arm] = pulls.get(arm, 0) + n
+        rounds = sum(r.stats.rounds for r in results)
+        new = sum(r.stats.new_tokens for r in results)
+        stats = {
+            "batched_rounds": timing.rounds, "query_rounds": rounds, "mat": new / rounds if rounds else 0.0,
+            "drafted": sum(r.stats.drafted for r in results), "accepted": sum(r.stats.accepted for r in results),
+            "forward_s": timing.forward_s, "draft_s": timing.draft_s, "rounds_s": timing.rounds_s,
+            "bookkeeping_s": timing.bookkeeping_s, "kv_bytes": session.engine.target.kv_bytes(),
+            "pulls": pulls,
+        }
+        return BatchRun([r.token_ids for r in results], wall, stats)
+
+    return run
+
+
+def hf_runner(model: Any, pad_id: int) -> Runner:
+    """transformers' batched greedy ``generate`` on left-padded batches of B prompts."""
+    eos = eos_ids(model)
+
+    def run(prompts: Sequence[list[int]], batch: int, max_new: int) -> BatchRun:
+        out_ids: list[list[int]] = []
+        start = time.perf_counter()
+        for lo in range(0, len(prompts), batch):
+            group = prompts[lo : lo + batch]
+            width = max(len(p) for p in group)
+            ids = torch.full((len(group), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(group), width), dtype=torch.long)
+            for row, p in enumerate(group):
+                ids[row, width - len(p) :] = torch.tensor(p)
+                mask[row, width - len(p) :] = 1
+            with torch.inference_mode():
+                out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+                                     pad_token_id=pad_id)
+            for row in range(len(group)):
+                new = out[row, width:].tolist()
+                cut = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
+                out_ids.append(new[:cut])
+        return BatchRun(out_ids, time.perf_counter() - start, {})
+
+    return run
+
+
+def build_runner(bench: Workbench, spec: str, length_drafter: str) -> Runner:
+    from draftwise.api import DEFAULT_POLICY, Generator
+
+    def make(policy: str, names: Sequence[str] | None = None, **kw: Any) -> Any:
+        kw.setdefault("draft_len", bench.draft_len)
+        return Generator(bench.model, bench.tokenizer, bench.fresh_pool(names), policy=policy, seed=bench.seed, **kw)
+
+    head, _, arg = spec.partition(":")
+    if spec == "ar":
+        return engine_runner(Generator(bench.model, bench.tokenizer, [], policy="fixed", seed=bench.seed))
+    if spec == "hf-ar":
+        pad = getattr(bench.tokenizer, "pad_token_id", None)
+        return hf_runner(bench.model, int(pad if pad is not None else next(iter(eos_ids(bench.model)), 0)))
+    if spec == "default":
+        return engine_runner(make(DEFAULT_POLICY))
+    if head == "fixed":
+        if arg not in bench.drafter_names:
+            raise DraftwiseError(f"method {spec}: no drafter {arg!r}; drafters: {', '.join(bench.drafter_names)}")
+        return engine_runner(make("fixed", [arg]))
+    if head == "length":
+        if not arg.isdigit() or int(arg) < 1:
+            raise DraftwiseError(f"method {spec}: length:K needs a draft length K ≥ 1")
+        return engine_runner(make("fixed", [length_drafter], draft_len=int(arg)))
+    if spec.startswith("banditspec-length"):
+        return engine_runner(make(spec, [length_drafter], arm_drafter=length_drafter), decide="batch")
+    return engine_runner(make(spec))
+
+
+def run_batched(config: Any, sizes: Sequence[int], length_drafter: str = "pld") -> dict[str, Any]:
+    """Run (or resume) every B × method × repeat into ``config.out``; returns the summary."""
+    from draftwise.bench.report import environment
+    from draftwise.bench.runner import encode_prompts, load_workbench, make_out_folder, read_rows, resolve_prompts
+
+    out = Path(config.out)
+    prompts = resolve_prompts(config)
+    bench = load_workbench(config)
+    if length_drafter not in bench.drafter_names:
+        raise DraftwiseError(f"--length-drafter {length_drafter!r} is not in the pool: "
+                             f"{', '.join(bench.drafter_names)}")
+    methods = ["ar", *[m for m in config.methods if m != "ar"]]
+    runners = {m: build_runner(bench, m, length_drafter) for m in methods}  # bad specs fail before any run
+    order = interleave_domains(prompts)
+    prompts = [prompts[i] for i in order]
+    ids = encode_prompts(bench, prompts, config.max_new_tokens)
+    make_out_folder(out)
+    env = environment(config, methods, prompts, None, "batched: one seed for every query", bench.drafter_names)
+    env["batch_sizes"] = list(sizes)
+    env["length_drafter"] = length_drafter
+    (out / "batch-env.json").write_text(json.dumps(env, indent=2, default=str))
+    done = {row["key"] for row in read_rows(out / RESULTS)} if (out / RESULTS).exists() else set()
+    reference: dict[int, list[list[int]]] = {}
+    with open(out / RESULTS, "a", encoding="utf-8") as handle:
+        for size in sizes:
+            for method in methods:
+                warmed = False
+                for repeat in range(config.repeats):
+                    key = f"B={size}|{method}|{repeat}"
+                    if key in done:
+                        continue
+                    if not warmed and config.warmup_tokens > 0:  # untimed: caches, allocator, lazy imports
+                        warm = min(config.warmup_tokens, config.max_new_tokens)
+                        runners[method](ids[: min(size, len(ids))], size, warm)
+                        warmed = True
+                    run = runners[method](ids, size, config.max_new_tokens)
+                    row = {"key": key, "batch_size": size, "method": method, "repeat": repeat,
+                           "new_tokens": sum(map(len, run.token_ids)), "wall_s": run.wall_s,
+                           "tokens_per_s": sum(map(len, run.token_ids)) / run.wall_s,
+                           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                           "outputs": [hash_ids(t) for t in run.token_ids], **run.stats}
+                    if method == "ar":
+                        reference[size] = run.token_ids
+                    elif size in reference:
+                        row.update(compare(bench.model, ids, reference[size], run.token_ids, config.max_new_tokens))
+                    handle.write(json.dumps(row) + "\n")
+                    handle.flush()
+                    log.info("B=%d %s repeat %d: %.1f tokens/s", size, method, repeat, row["tokens_per_s"])
+    summary = summarize_batched(read_rows(out / RESULTS))
+    write_summary(out, summary)
+    return summary
+
+
+def hash_ids(ids: Sequence[int]) -> str:
+    import hashlib
+
+    return hashlib.sha1(json.dumps(list(ids)).encode()).hexdigest()[:12]
+
+
+@torch.inference_mode()
+def compare(model: Any, prompts: Sequence[list[int]], reference: Sequence[list[int]], got: Sequence[list[int]],
+            max_new: int) -> dict[str, int]:
+    """Mismatches against ``ar``'s outputs; a first difference at a near-tie of the target's two best
+    logits (recomputed unbatched) is counted as a tie, not a mismatch."""
+    ties = mismatches = 0
+    for prompt, want, have in zip(prompts, reference, got):
+        if want == have:
+            continue
+        first = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+        if first < min(len(want), len(have)):
+            logits = model(torch.tensor([prompt + want[:first]])).logits[0, -1].float()
+            top = logits.topk(2).values
+            if float(top[0] - top[1]) < TIE:
+                ties += 1
+                continue
+        mismatches += 1
+    return {"ties": ties, "mismatches": mismatches}
+
+
+def summarize_batched(rows: Sequence[dict]) -> dict[str, Any]:
+    """Per B and method: tokens/s mean ± std over repeats, speedup over ar at the same B."""
+    out: dict[str, Any] = {}
+    for size in sorted({r["batch_size"] for r in rows}):
+        at = [r for r in rows if r["batch_size"] == size]
+        ar = [r["tokens_per_s"] for r in at if r["method"] == "ar"]
+        base = float(np.mean(ar)) if ar else float("nan")
+        table = {}
+        for method in dict.fromkeys(r["method"] for r in at):
+            mine = [r for r in at if r["method"] == method]
+            tps = [r["tokens_per_s"] for r in mine]
+            book = [r["bookkeeping_s"] / r["wall_s"] for r in mine if "bookkeeping_s" in r]
+            table[method] = {
+                "tokens_per_s": round(float(np.mean(tps)), 2), "std": round(float(np.std(tps)), 2),
+                "speedup": round(float(np.mean(tps)) / base, 3), "repeats": len(mine),
+                "mat": round(float(np.mean([r.get("mat", 1.0) for r in mine])), 3),
+                "mismatches": sum(r.get("mismatches", 0) for r in mine), "ties": sum(r.get("ties", 0) for r in mine),
+                "bookkeeping_share": round(float(np.mean(book)), 4) if book else None,
+                "kv_mb": round(max(r.get("kv_bytes", 0) for r in mine) / 2**20, 1),
+                "peak_rss_mb": round(max(r["peak_rss_mb"] for r in mine), 1),
+                "pulls": mine[-1].get("pulls", {}),
+            }
+        out[str(size)] = table
+    return out
+
+
+def write_summary(out: Path, summary: dict[str, Any]) -> None:
+    (out / f"{SUMMARY}.json").write_text(json.dumps(summary, indent=2))
+    lines = ["| B | method | tokens/s (± std) | × ar | MAT | mismatches (ties) | bookkeeping | KV MB |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for size, table in summary.items():
+        for method, v in table.items():
+            book = "" if v["bookkeeping_share"] is None else f"{100 * v['bookkeeping_share']:.2f} %"
+            lines.append(f"| {size} | {method} | {v['tokens_per_s']:.1f} ± {v['std']:.1f} | {v['speedup']:.3f} | "
+                         f"{v['mat']:.2f} | {v['mismatches']} ({v['ties']}) | {book} | {v['kv_mb']} |")
+    (out / f"{SUMMARY}.md").write_text("\n".join(lines) + "\n")
+    try:
+        plot_throughput(out / "batch-throughput.png", summary)
+    except ImportError:
+        log.warning("matplotlib is not installed: no plot")
+
+
+def plot_throughput(path: Path, summary: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [int(s) for s in summary]
+    methods = list(dict.fromkeys(m for table in summary.values() for m in table))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method in methods:
+        xs = [s for s in sizes if method in summary[str(s)]]
+        ax.errorbar(xs, [summary[str(s)][method]["tokens_per_s"] for s in xs],
+                    yerr=[summary[str(s)][method]["std"] for s in xs], marker="o", capsize=3, label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("output tokens / s")
+    ax.set_title("Batched rounds: throughput against batch size")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
