@@ -31,13 +31,14 @@ from draftwise.tree import check_tree, tree_attention_mask, tree_positions
 @dataclass
 class RowInput:
     """What one row feeds in a forward: token ids after its ``cached`` slots, their positions,
-    which keys each may see ((n, cached + n) bool), and how many trailing logits it needs."""
+    how many trailing logits it needs, and which keys each may see (a tree's mask)."""
 
     row: RowLM
     ids: list[int]
     positions: list[int]
-    allowed: torch.Tensor
+    cached: int  # slots of the row's cache kept before these tokens
     n_out: int
+    allowed: torch.Tensor | None = None  # None: causal (a chain); a tree's (n, cached + n) bool mask
 
 
 class RowLayer:
@@ -82,7 +83,8 @@ class RowLayer:
             old = getattr(self, name)
             if old is None or (old.shape[0] >= rows and old.shape[2] >= capacity):
                 continue
-            shape = (max(rows, old.shape[0]), old.shape[1], max(capacity, old.shape[2]), old.shape[3])
+            grow_rows = old.shape[0] if old.shape[0] >= rows else max(rows, 2 * old.shape[0])  # doubling: O(1) amortized
+            shape = (grow_rows, old.shape[1], max(capacity, old.shape[2]), old.shape[3])
             grown = old.new_zeros(shape)
             grown[: old.shape[0], :, : old.shape[2]] = old
             setattr(self, name, grown)
@@ -200,22 +202,23 @@ class BatchedLM:
         given = list(inputs)
         inputs = sorted(given, key=lambda i: i.row.index)
         width = max(len(i.ids) for i in inputs)
-        cached = [i.allowed.shape[1] - len(i.ids) for i in inputs]
+        cached = [i.cached for i in inputs]
         kv_len = max(c + width for c in cached)
         self._reserve(kv_len)
         ids = torch.zeros((len(inputs), width), dtype=torch.long)
         positions = torch.zeros((len(inputs), width), dtype=torch.long)
-        allowed = torch.zeros((len(inputs), width, kv_len), dtype=torch.bool)
-        for b, (item, start) in enumerate(zip(inputs, cached)):
+        for b, item in enumerate(inputs):
             n = len(item.ids)
             ids[b, :n] = torch.tensor(item.ids)
             positions[b, :n] = torch.tensor(item.positions)
             positions[b, n:] = item.positions[-1] if item.positions else 0
-            allowed[b, :n, : start + n] = item.allowed
-            # padding queries see their own slot only (no fully masked row: no NaN in softmax)
-            pad = torch.arange(n, width)
-            allowed[b, pad, start + pad] = True
         slots = torch.tensor(cached)[:, None] + torch.arange(width)[None, :]
+        # causal over each row's own slots; padding queries too (never a fully masked row: no NaN)
+        allowed = torch.arange(kv_len)[None, None, :] <= slots[:, :, None]
+        for b, item in enumerate(inputs):
+            if item.allowed is not None:  # a tree: exactly the mask it asked for
+                allowed[b, : len(item.ids), : item.cached + len(item.ids)] = item.allowed
+                allowed[b, : len(item.ids), item.cached + len(item.ids) :] = False
         blocked = torch.finfo(self.dtype).min
         mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill(~allowed, blocked)[:, None]
         self.plan = ForwardPlan(slice(indices[0], indices[0] + len(indices)), slots.to(self.device), kv_len)
@@ -281,10 +284,7 @@ class RowLM(TreeCacheMixin):
         self._truncate(keep)
         fresh = list(tokens[keep:])
         self.tokens = list(tokens)
-        n = len(fresh)
-        allowed = torch.ones((n, keep + n), dtype=torch.bool)
-        allowed[:, keep:] = torch.ones((n, n), dtype=torch.bool).tril()
-        return RowInput(self, fresh, list(range(keep, keep + n)), allowed, n_out)
+        return RowInput(self, fresh, list(range(keep, len(tokens))), keep, n_out)
 
     def tree_input(self, context: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> RowInput:
         """Sync to ``context`` and feed a draft tree after it (logits: after the context, then each node)."""
@@ -297,7 +297,7 @@ class RowLM(TreeCacheMixin):
         check_tree(tokens, parents)
         allowed = tree_attention_mask(parents, keep, len(fresh))
         positions = list(range(keep, len(context))) + tree_positions(parents, len(context))
-        return RowInput(self, fresh + list(tokens), positions, allowed, len(tokens) + 1)
+        return RowInput(self, fresh + list(tokens), positions, keep, len(tokens) + 1, allowed)
 
     # -- the TokenCache calls, as batch-of-one forwards ------------------------------------------------
     def logits(self, tokens: Sequence[int], n_out: int = 1) -> torch.Tensor:
