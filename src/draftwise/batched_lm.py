@@ -83,7 +83,8 @@ class RowLayer:
             old = getattr(self, name)
             if old is None or (old.shape[0] >= rows and old.shape[2] >= capacity):
                 continue
-            grow_rows = old.shape[0] if old.shape[0] >= rows else max(rows, 2 * old.shape[0])  # doubling: O(1) amortized
+            # rows double: a join costs O(1) amortized, not a copy of every row
+            grow_rows = old.shape[0] if old.shape[0] >= rows else max(rows, 2 * old.shape[0])
             shape = (grow_rows, old.shape[1], max(capacity, old.shape[2]), old.shape[3])
             grown = old.new_zeros(shape)
             grown[: old.shape[0], :, : old.shape[2]] = old

@@ -25,6 +25,24 @@ def register(subparsers: Any) -> None:
         "drafter plus pld and suffix.",
     )
     p.add_argument("prompt", nargs="?", help="the prompt text; read from stdin when omitted or '-'")
+    add_model_options(p)
+    p.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop once this text appears (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    p.add_argument("--truncate", action="store_true", help="keep the last tokens of a prompt too long for the context")
+    p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    p.add_argument("--trace", metavar="FILE", help="write the per-round trace as JSONL")
+    p.set_defaults(func=run)
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """The options that load a :class:`~draftwise.api.Generator` (target, pool, policy, arms, device),
+    shared by every command that serves one (``generate``, ``serve``)."""
     p.add_argument("--target", default=None,
                    help="target model: local path, hub id or zoo:target (default: zoo:target)")
     p.add_argument("--drafter", action="append", default=None, metavar="SPEC",
@@ -33,11 +51,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--policy", default=None, help="drafter-selection policy, e.g. ucb, ucb:beta=0.1, fixed:pld, "
                    "round-robin, random; 'draftwise policies' lists them (default: ctx-ucb, UCB per 'does PLD match?' "
                    "context over PLD, a routed model drafter and no speculation)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
-    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
-    p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
     p.add_argument("--draft-len", type=int, default=None, help="draft tokens per round (default 4, or the preset's)")
     p.add_argument("--arms", default=None,
                    help="what the policy chooses among: drafters, lengths, stops, drafters×stops, "
@@ -54,10 +67,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--drafter-head-dtype", choices=("auto", "float32", "bfloat16"), default=None,
                    help="LM head of small drafters and white-box heads: auto (default) = bfloat16 where the CPU "
                    "multiplies it natively, else float32; outputs are unaffected (the target decides every token)")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="stop once this text appears (repeatable)")
-    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
-    p.add_argument("--truncate", action="store_true", help="keep the last tokens of a prompt too long for the context")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap the prompt in the tokenizer's chat template (default: when it has one)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -65,20 +74,13 @@ def register(subparsers: Any) -> None:
                    help="torch CPU threads (default: torch's choice; "
                         "1 is often fastest for small models or a busy CPU)")
     p.add_argument("--dtype", default="float32", help="float32 (default), float16 or bfloat16")
-    p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
-    p.add_argument("--trace", metavar="FILE", help="write the per-round trace as JSONL")
-    p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from draftwise.api import DEFAULT_POLICY, Generator, check_generate_args, check_seed
+def load_generator(args: argparse.Namespace) -> Any:
+    """The :class:`~draftwise.api.Generator` that :func:`add_model_options`' options describe (the zoo
+    target and its whole pool by default). Set ``--threads`` first; check everything else before."""
+    from draftwise.api import DEFAULT_POLICY, Generator
 
-    # Everything the user typed is checked before the models load (seconds) and before generating.
-    prompt = read_prompt(args.prompt)
-    check_seed(args.seed, "--seed")
-    check_generate_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p, None)
-    if args.trace:
-        check_output_file(args.trace, "--trace")
     if args.threads is not None:
         if args.threads < 1:
             raise DraftwiseError(f"--threads must be ≥ 1, got {args.threads}")
@@ -87,12 +89,24 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     target = args.target or DEFAULT_TARGET
     drafters = args.drafter if args.drafter is not None else (list(DEFAULT_POOL) if target == DEFAULT_TARGET else [])
-    gen = Generator.from_pretrained(
+    return Generator.from_pretrained(
         target, drafters, policy=args.policy or DEFAULT_POLICY, draft_len=args.draft_len,
         device=args.device, dtype=args.dtype, seed=args.seed, chat=args.chat, arms=args.arms,
         max_draft=args.max_draft, stops=args.stops.split(",") if args.stops else None, arm_drafter=args.arm_drafter,
         drafter_head_dtype=args.drafter_head_dtype,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    from draftwise.api import check_generate_args, check_seed
+
+    # Everything the user typed is checked before the models load (seconds) and before generating.
+    prompt = read_prompt(args.prompt)
+    check_seed(args.seed, "--seed")
+    check_generate_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p, None)
+    if args.trace:
+        check_output_file(args.trace, "--trace")
+    gen = load_generator(args)
     result = gen.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
                           ignore_eos=args.ignore_eos, truncate=args.truncate)

@@ -1,0 +1,325 @@
+"""``draftwise serve`` as a real process on 127.0.0.1 with the embedded zoo, driven by the official ``openai``
+client: greedy text equals ``Generator.generate``'s, streamed or not; usage; 50 concurrent clients; a client
+that disconnects; every bad request; ``/metrics`` against the responses; the live page; SIGTERM and --state.
+
+One server process for the module (its tests run in file order: the last one stops it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+MODEL = "zoo:target"
+PROMPT = "Write a Python function that returns the square of a number."
+STARTUP_S = 180
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, tmp: Path, *extra: str) -> None:
+        self.port = _free_port()
+        self.state = tmp / "learner.json"
+        self.log = open(tmp / f"server-{self.port}.log", "w+b")  # noqa: SIM115 (closed in stop)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "draftwise.cli", "serve", "--port", str(self.port), "--threads", "1",
+             "--state", str(self.state), "--max-batch", "16", "--queue-size", "64", *extra],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.time() + STARTUP_S
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if self.get("/health")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            self.stop()
+            raise RuntimeError(f"the server did not answer /health within {STARTUP_S} s:\n{self.output()}")
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        with urllib.request.urlopen(self.url + path, timeout=30) as response:
+            return response.status, response.read()
+
+    def post(self, path: str, data: bytes) -> tuple[int, dict[str, Any]]:
+        request = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = self.get("/metrics")[1].decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    process = ServerProcess(tmp_path_factory.mktemp("serve"))
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def gen():
+    """The library on the same prompts (its output is the target's own greedy decoding)."""
+    from draftwise import Generator
+
+    return Generator.from_pretrained("zoo:target", drafters=["pld"])
+
+
+def _ids(gen, text: str) -> list[int]:
+    return [int(i) for i in gen.tokenizer(text, add_special_tokens=True)["input_ids"]]
+
+
+def _total(metrics: dict, name: str) -> float:
+    return sum(v for (n, _), v in metrics.items() if n == name)
+
+
+# ----------------------------------------------------------------------------- exact text, usage
+def test_models_lists_the_served_model(server):
+    models = server.client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_chat_greedy_streamed_equals_non_streamed_equals_generate(server, gen):
+    reference = gen.generate(PROMPT, max_new_tokens=24)  # chat template, as `draftwise generate PROMPT`
+    messages = [{"role": "user", "content": PROMPT}]
+    reply = server.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
+    assert reply.choices[0].message.content == reference.text
+    assert reply.usage.prompt_tokens == len(gen.encode(PROMPT))
+    assert reply.usage.completion_tokens == len(reference.token_ids)
+    assert reply.choices[0].finish_reason == ("length" if reference.stats.stopped_by == "max_new_tokens" else "stop")
+    spec = reply.model_extra["speculative"]
+    assert sum(spec["pulls"].values()) == spec["rounds"] and spec["mat"] > 1.0
+
+    chunks = list(server.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24,
+                                                        temperature=0, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == reference.text
+    last = chunks[-1]
+    assert last.choices[0].finish_reason == reply.choices[0].finish_reason
+    assert last.usage.completion_tokens == len(reference.token_ids)
+    assert last.model_extra["speculative"]["rounds"] >= 1
+
+
+def test_completion_greedy_streamed_equals_non_streamed_equals_generate(server, gen):
+    prompt = "def fibonacci(n):"
+    reference = gen.generate(_ids(gen, prompt), max_new_tokens=20)  # raw text, no chat template
+    reply = server.client.completions.create(model=MODEL, prompt=prompt, max_tokens=20, temperature=0)
+    assert reply.choices[0].text == reference.text
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(_ids(gen, prompt)),
+                                                                         len(reference.token_ids))
+    chunks = list(server.client.completions.create(model=MODEL, prompt=prompt, max_tokens=20, temperature=0,
+                                                   stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == reference.text
+    assert chunks[-1].usage.total_tokens == reply.usage.total_tokens
+
+
+# ----------------------------------------------------------------------------- concurrency
+def test_fifty_concurrent_clients_are_each_answered_once_with_their_text(server, gen):
+    prompts = [f"def add_{i}(x):\n    return x + {i}\n\ndef times_{i}(x):" for i in range(50)]
+    references = [gen.generate(_ids(gen, p), max_new_tokens=5).text for p in prompts]
+    answered: list[int] = []
+    lock = threading.Lock()
+
+    def ask(i: int) -> tuple[int, str, str]:
+        reply = server.client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=5, temperature=0)
+        with lock:
+            answered.append(i)
+        return i, reply.id, reply.choices[0].text
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        results = list(pool.map(ask, range(50)))
+    assert sorted(answered) == list(range(50))
+    assert len({reply_id for _, reply_id, _ in results}) == 50
+    wrong = [(i, text, references[i]) for i, _, text in results if text != references[i]]
+    assert not wrong, wrong[:3]
+
+
+def test_a_client_that_disconnects_mid_stream_is_cancelled_and_the_next_output_is_unchanged(server, gen):
+    before = _total(server.metrics(), "draftwise:requests_cancelled_total")
+    stream = server.client.completions.create(model=MODEL, prompt="def long_function(a, b, c):", max_tokens=400,
+                                              temperature=0, stream=True, extra_body={"ignore_eos": True})
+    next(iter(stream))
+    stream.close()
+    deadline = time.time() + 20
+    while _total(server.metrics(), "draftwise:requests_cancelled_total") == before and time.time() < deadline:
+        time.sleep(0.1)
+    assert _total(server.metrics(), "draftwise:requests_cancelled_total") == before + 1
+    assert _total(server.metrics(), "draftwise:num_requests_running") == 0
+    reference = gen.generate(PROMPT, max_new_tokens=24)
+    reply = server.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}],
+                                                  max_tokens=24, temperature=0)
+    assert reply.choices[0].message.content == reference.text
+
+
+# ----------------------------------------------------------------------------- bad requests
+@pytest.mark.parametrize("kwargs, status, param, words", [
+    ({"max_tokens": 0}, 400, "max_tokens", "max_tokens must be a positive integer"),
+    ({"max_tokens": 100000}, 400, "max_tokens", "this model's context is 1024 tokens"),
+    ({"temperature": -1}, 400, "temperature", "temperature must be a number ≥ 0"),
+    ({"top_p": 0}, 400, "top_p", "top_p must lie in (0, 1]"),
+    ({"top_p": 1.5}, 400, "top_p", "top_p must lie in (0, 1]"),
+    ({"model": "gpt-4o"}, 404, "model", "does not exist; this server serves 'zoo:target'"),
+    ({"n": 2}, 400, "n", "n=2 is not supported"),
+    ({"extra_body": {"best_of": 3}}, 400, "best_of", "best_of=3 is not supported"),
+    ({"extra_body": {"mirostat": 1}}, 400, "mirostat", "unrecognized request field 'mirostat'"),
+])
+def test_bad_requests_get_openai_shaped_errors(server, kwargs, status, param, words):
+    args = {"model": MODEL, "prompt": "hello", "max_tokens": 4, **kwargs}
+    with pytest.raises(openai.APIStatusError) as caught:
+        server.client.completions.create(**args)
+    error = caught.value
+    assert error.status_code == status, error
+    body = error.body if isinstance(error.body, dict) else {}
+    assert body.get("param") == param and words in body.get("message", ""), body
+    assert set(body) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("path, data, param, words", [
+    ("/v1/completions", b'{"model": "zoo:target", "prompt": ', None, "not valid JSON"),
+    ("/v1/completions", b'{"model": "zoo:target"}', "prompt", "missing required field 'prompt'"),
+    ("/v1/chat/completions", b'{"model": "zoo:target"}', "messages", "missing required field 'messages'"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": -0.5}',
+     "temperature", "temperature must be a number ≥ 0"),
+])
+def test_malformed_and_incomplete_bodies(server, path, data, param, words):
+    status, body = server.post(path, data)
+    assert status == 400 and body["error"]["param"] == param and words in body["error"]["message"], body
+
+
+# ----------------------------------------------------------------------------- metrics and the page
+def test_metrics_count_what_the_responses_reported(server):
+    before = server.metrics()
+    replies = [server.client.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0)
+               for p in ("import numpy as np\n", "The capital of France is")]
+    after = server.metrics()
+
+    def delta(name: str) -> float:
+        return _total(after, name) - _total(before, name)
+
+    specs = [r.model_extra["speculative"] for r in replies]
+    assert delta("draftwise:rounds_total") == sum(s["rounds"] for s in specs)
+    assert delta("draftwise:arm_pulls_total") == sum(s["rounds"] for s in specs)
+    assert delta("draftwise:spec_decode_num_draft_tokens_total") == sum(s["drafted"] for s in specs)
+    assert delta("draftwise:spec_decode_num_accepted_tokens_total") == sum(s["accepted"] for s in specs)
+    assert delta("draftwise:spec_decode_num_accepted_tokens_per_pos_total") == sum(s["accepted"] for s in specs)
+    assert 0 < delta("draftwise:spec_decode_num_drafts_total") <= sum(s["rounds"] for s in specs)
+    assert delta("draftwise:generation_tokens_total") == sum(r.usage.completion_tokens for r in replies)
+    assert delta("draftwise:prompt_tokens_total") == sum(r.usage.prompt_tokens for r in replies)
+    assert delta("draftwise:request_success_total") == 2
+    values = {dict(labels)["arm"] for (name, labels) in after if name == "draftwise:arm_value"}
+    assert values == {"pld@8", "auto@4", "none"}
+    assert _total(after, "draftwise:evaluation_seconds_total") >= 0
+
+
+def test_live_page_and_the_json_it_polls(server, tmp_path):
+    status, page = server.get("/")
+    assert status == 200 and b"/v1/learner" in page
+    learner = json.loads(server.get("/v1/learner")[1])
+    assert [a["name"] for a in learner["arms"]] == ["pld@8", "auto@4", "none"]
+    assert sum(a["pulls"] for a in learner["arms"]) == learner["rounds"] == _total(server.metrics(),
+                                                                                    "draftwise:rounds_total")
+    assert learner["state"]["arms"] == ["pld@8", "auto@4", "none"]
+    browser = shutil.which("chromium-headless-shell") or shutil.which("chromium")
+    if browser is None:
+        pytest.skip("no headless Chromium here: the page was fetched, not rendered")
+    shot = tmp_path / "page.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                    "--window-size=1000,420", "--virtual-time-budget=3000", server.url + "/"],
+                   capture_output=True, timeout=60, check=False)
+    assert shot.exists() and shot.stat().st_size > 5000  # a rendered table, not a blank page
+
+
+# ----------------------------------------------------------------------------- shutdown and restart (last)
+def test_sigterm_finishes_the_request_in_flight_then_the_state_survives_a_restart(server, tmp_path):
+    outcome: dict[str, Any] = {}
+
+    def ask() -> None:
+        try:
+            outcome["reply"] = server.client.completions.create(model=MODEL, prompt="class Stack:", max_tokens=48,
+                                                                temperature=0, extra_body={"ignore_eos": True})
+        except Exception as error:  # the assertion below shows it
+            outcome["error"] = error
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    deadline = time.time() + 20
+    while _total(server.metrics(), "draftwise:num_requests_running") < 1 and time.time() < deadline:
+        time.sleep(0.02)
+    learner = json.loads(server.get("/v1/learner")[1])
+    assert learner["running"] == 1
+    server.proc.send_signal(signal.SIGTERM)
+    thread.join(60)
+    assert "error" not in outcome, outcome
+    assert outcome["reply"].usage.completion_tokens == 48
+    assert server.proc.wait(30) == 0, server.output()
+    saved = json.loads(server.state.read_text())
+    assert saved["format"] == "draftwise-learner-state" and saved["arms"] == ["pld@8", "auto@4", "none"]
+
+    again = ServerProcess(server.state.parent)  # the same --state file
+    try:
+        restored = json.loads(again.get("/v1/learner")[1])["state"]
+        assert restored["contexts"], restored
+        assert restored["t"] > 0 and restored == _state_after_last_query(server.state)
+    finally:
+        assert again.stop() == 0
+
+
+def _state_after_last_query(path: Path) -> dict[str, Any]:
+    """The learner's state_dict as saved: what a fresh ctx-ucb shows once the file is loaded."""
+    import numpy as np
+
+    from draftwise.policies import make_policy
+    from draftwise.serve.metrics import _finite_tree
+    from draftwise.serve.state import load_state
+
+    saved = json.loads(path.read_text())
+    policy = make_policy(saved["policy"], saved["arms"], np.random.default_rng(0))
+    assert load_state(path, policy, saved["policy"])
+    return _finite_tree(json.loads(json.dumps(policy.state_dict())))

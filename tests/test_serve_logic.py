@@ -1,0 +1,418 @@
+"""``draftwise serve`` without a model: request checking, stream text, learner state files, and the app on a
+fake batch session (queue full → 503, a client that goes away stops its generation, shutdown finishes work).
+The real server on the zoo is tests/test_serve.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+from draftwise.errors import DraftwiseError
+from draftwise.policies import make_policy
+from draftwise.serve.protocol import (
+    APIError,
+    TextStream,
+    check_context,
+    cut_at_stop,
+    parse_body,
+    parse_chat,
+    parse_completion,
+)
+from draftwise.serve.state import load_state, read_state, save_state
+from draftwise.trace import GenerationResult, RoundRecord, summarize
+
+MODEL = "zoo:target"
+
+
+# ----------------------------------------------------------------------------- requests
+def _error(fn: Any, *args: Any) -> APIError:
+    with pytest.raises(APIError) as caught:
+        fn(*args)
+    return caught.value
+
+
+@pytest.mark.parametrize("body, status, param, words", [
+    ({}, 400, "prompt", "missing required field 'prompt'"),
+    ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "max_tokens must be a positive integer, got 0"),
+    ({"prompt": "hi", "max_tokens": -5}, 400, "max_tokens", "positive integer"),
+    ({"prompt": "hi", "max_tokens": 2.5}, 400, "max_tokens", "positive integer"),
+    ({"prompt": "hi", "temperature": -0.1}, 400, "temperature", "temperature must be a number ≥ 0"),
+    ({"prompt": "hi", "top_p": 0}, 400, "top_p", "top_p must lie in (0, 1]"),
+    ({"prompt": "hi", "top_p": 1.5}, 400, "top_p", "top_p must lie in (0, 1]"),
+    ({"prompt": "hi", "model": "gpt-4"}, 404, "model", "the model 'gpt-4' does not exist; this server serves"),
+    ({"prompt": "hi", "n": 2}, 400, "n", "n=2 is not supported: this server returns one choice"),
+    ({"prompt": "hi", "logprobs": 5}, 400, "logprobs", "logprobs=5 is not supported"),
+    ({"prompt": "hi", "frobnicate": 1}, 400, "frobnicate", "unrecognized request field 'frobnicate'"),
+    ({"prompt": ["a", "b"]}, 400, "prompt", "a batch of 2 prompts is not supported"),
+    ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
+    ({"prompt": "hi", "seed": -1}, 400, "seed", "seed must be an integer in [0, 2**64)"),
+    ({"prompt": "hi", "stream": "yes"}, 400, "stream", "stream must be true or false"),
+])
+def test_completion_requests_are_refused_with_what_is_valid(body, status, param, words):
+    error = _error(parse_completion, body, MODEL)
+    assert error.status == status and error.param == param, error.body()
+    assert words in error.message, error.message
+    assert set(error.body()["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({}, "messages", "missing required field 'messages'"),
+    ({"messages": []}, "messages", "non-empty list"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "valid roles: system, developer, user"),
+    ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content", "must be a string"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0].tool_calls", "not supported"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools",
+     "tool calling is not supported"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens",
+     "positive integer"),
+])
+def test_chat_requests_are_refused_with_what_is_valid(body, param, words):
+    error = _error(parse_chat, body, MODEL)
+    assert error.status == 400 and error.param == param and words in error.message, error.body()
+
+
+def test_good_requests_and_neutral_fields_are_accepted():
+    req = parse_completion({"model": MODEL, "prompt": "hi", "max_tokens": 3, "temperature": 0, "n": 1, "top_p": 1,
+                            "logprobs": None, "presence_penalty": 0, "stop": "x", "user": "u"}, MODEL)
+    assert (req.prompt, req.max_tokens, req.temperature, req.top_p, req.stop) == ("hi", 3, 0.0, None, ("x",))
+    chat = parse_chat({"messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}]},
+                                    {"role": "user", "content": "b"}], "stream": True,
+                       "stream_options": {"include_usage": True}}, MODEL)
+    assert chat.messages == [{"role": "system", "content": "a"}, {"role": "user", "content": "b"}]
+    assert chat.stream and chat.include_usage and chat.temperature == 1.0  # OpenAI's default
+
+
+def test_malformed_json_and_context_overflow():
+    assert "not valid JSON" in _error(parse_body, b'{"prompt": ').message
+    assert "must be a JSON object" in _error(parse_body, b"[1, 2]").message
+    error = _error(check_context, 1000, 100, 1024, "max_tokens")
+    assert error.code == "context_length_exceeded" and "ask for max_tokens ≤ 24" in error.message
+    check_context(1000, 24, 1024, "max_tokens")
+
+
+# ----------------------------------------------------------------------------- stream text
+def _chars(ids: list[int]) -> str:
+    return "".join(chr(i) for i in ids)
+
+
+@pytest.mark.parametrize("text, stops, expected", [
+    ("hello world", [], "hello world"),
+    ("say STOP now", ["STOP"], "say "),
+    ("abcabd", ["abd"], "abc"),
+    ("no stop here", ["zz"], "no stop here"),
+])
+def test_stream_pieces_add_up_to_the_final_text(text, stops, expected):
+    for size in (1, 2, 3):
+        stream = TextStream(_chars, stops)
+        ids = [ord(c) for c in text]
+        pieces = [stream.push(ids[i:i + size]) for i in range(0, len(ids), size)]
+        pieces.append(stream.finish(text))
+        assert "".join(pieces) == expected == cut_at_stop(text, stops)[0]
+
+
+def test_stream_holds_back_a_split_multibyte_character():
+    raw = "é!".encode()
+    stream = TextStream(lambda ids: bytes(ids).decode("utf-8", errors="replace"))
+    assert stream.push([raw[0]]) == ""
+    assert stream.push([raw[1]]) == "é"
+    assert stream.push([raw[2]]) + stream.finish("é!") == "!"
+
+
+# ----------------------------------------------------------------------------- learner state
+def _record(arm: int, accepted: int, index: int = 0) -> RoundRecord:
+    return RoundRecord(index=index, arm=arm, arm_name=str(arm), max_draft=4, drafted=4, accepted=accepted,
+                       emitted=accepted + 1, position=0, accept_probs=[1.0] * accepted + [0.0] * (4 - accepted),
+                       draft_s=0.001, verify_s=0.002)
+
+
+@pytest.mark.parametrize("spec", ["ctx-ucb", "ucb:keep=True", "exp3:keep=True", "ts-beta:keep=True",
+                                  "ucb-tuned:keep=True", "swucb:keep=True", "hierarchical:keep=True",
+                                  "normalhedge:keep=True"])
+def test_learner_state_round_trips_through_json(tmp_path, spec):
+    arms = ["pld@8", "auto@4", "none"] if spec.startswith("ctx") else ["a+static", "a+svip", "b+static"]
+    policy = make_policy(spec, arms, np.random.default_rng(0))
+    for q in range(3):
+        policy.begin_query()
+        for i in range(20):
+            policy.set_context((i % 3 == 0,))
+            arm = policy.select()
+            if policy.full_information:
+                policy.observe_losses([((a + q + i) % 5) / 5 for a in range(len(arms))])
+            else:
+                policy.update(arm, _record(arm, (arm + q + i) % 5, i))
+    path = tmp_path / "state.json"
+    save_state(path, policy, spec)
+    json.loads(path.read_text())  # plain JSON (no pickle)
+    fresh = make_policy(spec, arms, np.random.default_rng(0))
+    assert load_state(path, fresh, spec)
+    assert fresh.state_dict() == policy.state_dict()
+    # both choose alike from here on (same generator state)
+    policy.rng, fresh.rng = np.random.default_rng(5), np.random.default_rng(5)
+    for p in (policy, fresh):
+        p.begin_query()
+    assert [policy.select() for _ in range(10)] == [fresh.select() for _ in range(10)]
+
+
+def test_state_from_another_layout_or_a_damaged_file_is_refused(tmp_path):
+    policy = make_policy("ucb", ["a", "b"], np.random.default_rng(0))
+    path = tmp_path / "state.json"
+    save_state(path, policy, "ucb")
+    with pytest.raises(DraftwiseError, match=r"saved for arms \['a', 'b'\], but this server's arms are"):
+        load_state(path, make_policy("ucb", ["a", "b", "c"], np.random.default_rng(0)), "ucb")
+    with pytest.raises(DraftwiseError, match="saved by policy 'ucb'"):
+        load_state(path, make_policy("exp3", ["a", "b"], np.random.default_rng(0)), "exp3")
+    assert not load_state(tmp_path / "absent.json", policy, "ucb")
+    path.write_text('{"format": "draftwise-learner-state", "version": 1, "st')
+    with pytest.raises(DraftwiseError, match=r"not a learner state file \(invalid JSON"):
+        read_state(path)
+    path.write_text('{"format": "draftwise-learner-state", "version": 99, "state": {}}')
+    with pytest.raises(DraftwiseError, match="version 99"):
+        read_state(path)
+    document = json.loads(json.dumps({"format": "draftwise-learner-state", "version": 1, "policy": "ucb",
+                                      "class": "draftwise.policies.ucb:UCBPolicy", "arms": ["a", "b"],
+                                      "state": {"__object__": "os:system", "attrs": {}}}))
+    path.write_text(json.dumps(document))
+    with pytest.raises(DraftwiseError, match="damaged"):
+        load_state(path, make_policy("ucb", ["a", "b"], np.random.default_rng(0)), "ucb")
+
+
+def test_serve_refuses_a_damaged_state_file_before_loading(tmp_path, capsys, monkeypatch):
+    import draftwise.api
+    from draftwise.cli import main
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the models were loaded before the state file was checked")
+
+    monkeypatch.setattr(draftwise.api.Generator, "from_pretrained", no_loading)
+    bad = tmp_path / "state.json"
+    bad.write_text("not json")
+    assert main(["serve", "--state", str(bad), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "not a learner state file" in err and len(err.strip().splitlines()) == 1, err
+    assert main(["serve", "--port", "70000"]) == 2
+    assert "--port must lie in [0, 65535]" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the app on a fake session
+class FakeTokenizer:
+    chat_template = "{{ messages }}"
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return _chars(ids)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], **kwargs: Any) -> list[int]:
+        return [ord(c) for c in "".join(m["content"] for m in messages) + ">"]
+
+
+class FakeHandle:
+    def __init__(self, prompt: list[int], max_new_tokens: int) -> None:
+        self.prompt, self.max_new_tokens = prompt, max_new_tokens
+        self.new_tokens: list[int] = []
+        self.records: list[RoundRecord] = []
+        self.done = False
+        self.result: GenerationResult | None = None
+
+
+class FakeSession:
+    """The batch-session contract: each round every query gains its prompt's next character, upper-cased."""
+
+    def __init__(self, gen: FakeGenerator, max_batch: int) -> None:
+        self.gen, self.max_batch = gen, max_batch
+        self.active: list[FakeHandle] = []
+
+    def add(self, prompt_ids, max_new_tokens=16, temperature=0.0, top_k=None, top_p=None, seed=None, stop=(),
+            ignore_eos=False):
+        if max_new_tokens > 1000:
+            raise DraftwiseError("too many")
+        handle = FakeHandle(list(prompt_ids), max_new_tokens)
+        self.active.append(handle)
+        return handle
+
+    def step(self):
+        time.sleep(self.gen.round_s)
+        self.gen.rounds += 1
+        events = []
+        for h in list(self.active):
+            n = len(h.new_tokens)
+            token = ord(chr(h.prompt[n % len(h.prompt)]).upper())
+            h.new_tokens.append(token)
+            h.records.append(_record(n % 3, 1, n))
+            if len(h.new_tokens) >= h.max_new_tokens:
+                self.active.remove(h)
+                h.done = True
+                stats = summarize(h.records, len(h.new_tokens), 0.01, "max_new_tokens")
+                h.result = GenerationResult(h.new_tokens, _chars(h.new_tokens), stats, h.records, prompt_ids=h.prompt)
+            events.append((h, [token]))
+        return events
+
+    def cancel(self, handle):
+        self.active.remove(handle)
+        self.gen.cancelled += 1
+
+
+class FakeGenerator:
+    def __init__(self, round_s: float) -> None:
+        self.tokenizer = FakeTokenizer()
+        self.max_context = 64
+        self.arms = [type("Arm", (), {"name": n})() for n in ("a", "b", "c")]
+        self.policy = make_policy("ucb", ["a", "b", "c"], np.random.default_rng(0))
+        self.round_s = round_s
+        self.rounds = 0
+        self.cancelled = 0
+
+    def encode(self, ids):
+        return list(ids)
+
+    def batch_session(self, max_batch: int) -> FakeSession:
+        return FakeSession(self, max_batch)
+
+
+class FakeServer:
+    """The app over a fake generator, served by uvicorn on a thread (as the CLI does, without the models)."""
+
+    def __init__(self, round_s: float = 0.02, max_batch: int = 2, queue_size: int = 2) -> None:
+        import uvicorn
+
+        from draftwise.serve.app import Service, create_app
+        from draftwise.serve.metrics import ServeMetrics
+        from draftwise.serve.scheduler import Scheduler
+
+        self.gen = FakeGenerator(round_s)
+        metrics = ServeMetrics(["a", "b", "c"], "ucb")
+        self.scheduler = Scheduler(self.gen, max_batch=max_batch, queue_size=queue_size,
+                                   on_result=metrics.observe, on_cancel=metrics.cancelled.inc)
+        self.service = Service(self.gen, self.scheduler, metrics, model=MODEL, policy="ucb")
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(create_app(self.service), log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        for _ in range(200):
+            if self.server.started:
+                break
+            time.sleep(0.01)
+
+    def post(self, path: str, body: dict[str, Any] | bytes, timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, dict(response.headers), response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, dict(error.headers), error.read()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def fake_server():
+    server = FakeServer()
+    yield server
+    server.stop()
+
+
+def test_fake_app_answers_streams_and_errors(fake_server):
+    status, _, body = fake_server.post("/v1/completions", {"prompt": "abc", "max_tokens": 5})
+    reply = json.loads(body)
+    assert status == 200 and reply["choices"][0]["text"] == "ABCAB", reply
+    assert reply["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    assert reply["speculative"]["rounds"] == 5 and reply["speculative"]["pulls"] == {"0": 2, "1": 2, "2": 1}
+    status, headers, body = fake_server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "xy"}],
+                                                                      "max_tokens": 4, "stream": True})
+    events = [line[len("data: "):] for line in body.decode().split("\n\n") if line]
+    assert status == 200 and headers["content-type"].startswith("text/event-stream") and events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "XY>X"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"]["completion_tokens"] == 4
+    status, _, body = fake_server.post("/v1/completions", b"{oops")
+    assert status == 400 and json.loads(body)["error"]["code"] == "invalid_json"
+    status, _, body = fake_server.post("/v1/completions", {"prompt": "a" * 60, "max_tokens": 10})
+    assert status == 400 and json.loads(body)["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_full_queue_answers_503_with_retry_after_and_never_hangs(fake_server):
+    fake_server.gen.round_s = 0.05
+    results: list[int] = []
+
+    def one(i: int) -> None:
+        results.append(fake_server.post("/v1/completions", {"prompt": f"p{i}", "max_tokens": 8}, timeout=30)[0])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    status, headers, body = fake_server.post("/v1/completions", {"prompt": "late", "max_tokens": 2})
+    assert status == 503 and headers["retry-after"] == "1", body
+    assert json.loads(body)["error"]["code"] == "queue_full"
+    for t in threads:
+        t.join(30)
+    assert sorted(set(results)) == [200, 503] and results.count(200) >= 4  # batch 2 + queue 2, then 503s
+
+
+def test_a_client_that_goes_away_stops_its_generation_within_a_round(fake_server):
+    fake_server.gen.round_s = 0.05
+    sock = socket.create_connection(("127.0.0.1", fake_server.port))
+    body = json.dumps({"prompt": "abc", "max_tokens": 60, "stream": True}).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    received = b""
+    while b"data: " not in received:
+        received += sock.recv(4096)
+    sock.close()
+    deadline = time.time() + 5
+    while fake_server.gen.cancelled == 0 and time.time() < deadline:
+        time.sleep(0.01)
+    assert fake_server.gen.cancelled == 1
+    rounds = fake_server.gen.rounds
+    time.sleep(0.2)
+    assert fake_server.gen.rounds == rounds  # nothing runs any more
+    status, _, reply = fake_server.post("/v1/completions", {"prompt": "abc", "max_tokens": 3})
+    assert status == 200 and json.loads(reply)["choices"][0]["text"] == "ABC"
+
+
+def test_shutdown_finishes_requests_in_flight():
+    server = FakeServer(round_s=0.02, max_batch=1, queue_size=4)
+    replies: list[Any] = []
+    threads = [threading.Thread(target=lambda: replies.append(server.post("/v1/completions",
+                                                                          {"prompt": "zz", "max_tokens": 10})))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.1)
+    server.stop()  # what SIGTERM does: uvicorn stops accepting, lets open requests finish, then the lifespan ends
+    for t in threads:
+        t.join(10)
+    assert [r[0] for r in replies] == [200, 200, 200]
+    assert all(json.loads(r[2])["choices"][0]["text"] == "ZZZZZZZZZZ" for r in replies)
+    assert not server.thread.is_alive() and not server.scheduler._thread.is_alive()
+
+
+def test_the_ticket_delivers_across_threads():
+    from draftwise.serve.scheduler import Done, Job, Ticket, Tokens
+
+    async def go() -> list[Any]:
+        ticket = Ticket(Job([1], 1), scheduler=None)  # type: ignore[arg-type]
+        threading.Thread(target=lambda: (ticket.job.deliver(Tokens([5])), ticket.job.deliver(Done(None)))).start()
+        return [await ticket.next(), await ticket.next()]
+
+    first, second = asyncio.run(go())
+    assert first == Tokens([5]) and isinstance(second, Done)
