@@ -7,7 +7,7 @@ row per (B, method, repeat) with output tokens, wall time and tokens/s; speedups
 ``ar`` (draftwise's batched plain decoding) at the same B in the same process, warm-up excluded.
 
 Methods: ``ar``; ``hf-ar`` (transformers' batched ``generate`` on left-padded batches of B);
-``default``; ``fixed:NAME`` (one drafter); ``length:K`` (the length drafter at K tokens every
+``default``; ``fixed:NAME`` (one drafter; ``fixed:*`` each); ``length:K`` (the length drafter at K tokens every
 round); ``banditspec-length`` (one draft length 0..L per round for the whole batch, UCBSpec with
 the round's throughput as reward); any other policy or preset (each query its own learner).
 Greedy outputs are compared with ``ar``'s; a difference where the target's two best logits tie
@@ -162,7 +162,10 @@ def run_batched(config: Any, sizes: Sequence[int], length_drafter: str = "pld") 
     if length_drafter not in bench.drafter_names:
         raise DraftwiseError(f"--length-drafter {length_drafter!r} is not in the pool: "
                              f"{', '.join(bench.drafter_names)}")
-    methods = ["ar", *[m for m in config.methods if m != "ar"]]
+    methods = ["ar"]
+    for spec in config.methods:  # fixed:* = one method per drafter of the pool
+        expanded = [f"fixed:{name}" for name in bench.drafter_names] if spec == "fixed:*" else [spec]
+        methods += [m for m in expanded if m not in methods]
     runners = {m: build_runner(bench, m, length_drafter) for m in methods}  # bad specs fail before any run
     order = interleave_domains(prompts)
     prompts = [prompts[i] for i in order]
