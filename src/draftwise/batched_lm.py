@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from draftwise.cached_lm import PendingTree, RowBuffer, TreeCacheMixin, common_prefix_len
+from draftwise.cached_lm import HiddenStatesMixin, PendingTree, RowBuffer, common_prefix_len
 from draftwise.tree import check_tree, tree_attention_mask, tree_positions
 
 
@@ -250,7 +250,7 @@ class BatchedLM:
         return [results[id(item)] for item in given]  # in the order given
 
 
-class RowLM(TreeCacheMixin):
+class RowLM(HiddenStatesMixin):
     """One row of a :class:`BatchedLM`: a query's target cache, following its token sequence.
 
     ``tokens`` are the tokens whose keys and values the row holds (its first ``length`` slots);
@@ -312,14 +312,6 @@ class RowLM(TreeCacheMixin):
 
     def tree_extend(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         raise NotImplementedError("a batched target verifies whole trees; trees are grown on drafters")
-
-    def hidden_states(self, tokens: Sequence[int], start: int, stop: int) -> torch.Tensor:
-        from draftwise.errors import DraftwiseError
-
-        self._resolve_tree(tokens)
-        if stop > len(self.tokens) or self.tokens[:stop] != list(tokens[:stop]) or stop > self.hidden.length:
-            raise DraftwiseError(f"the target has no hidden states for positions {start}:{stop} of this sequence")
-        return self.hidden.view(start, stop).clone()
 
     def _run(self, item: RowInput) -> torch.Tensor:
         self.calls += 1

@@ -212,7 +212,31 @@ class RowBuffer:
         return self.data[start:stop]
 
 
-class CachedLM(TreeCacheMixin):
+class HiddenStatesMixin(TreeCacheMixin):
+    """A token-following cache that can record the model's final hidden state at every cached
+    position (``keep_hidden``), in step with the cache: what white-box drafters read."""
+
+    keep_hidden: bool
+    hidden: RowBuffer
+
+    @torch.inference_mode()
+    @all_or_nothing
+    def hidden_states(self, tokens: Sequence[int], start: int, stop: int) -> torch.Tensor:
+        """Copy of the final hidden states at positions ``start:stop`` of ``tokens`` (needs ``keep_hidden``).
+
+        Row j is the state after reading ``tokens[start + j]`` — the one whose LM-head output
+        predicted ``tokens[start + j + 1]``. A pending draft tree is first resolved against
+        ``tokens`` (its accepted path gathered into place, as the next sync would).
+        """
+        if not self.keep_hidden:
+            raise DraftwiseError("hidden states were not recorded: set keep_hidden before the forward passes")
+        self._resolve_tree(tokens)
+        if stop > len(self.tokens) or self.tokens[:stop] != list(tokens[:stop]) or stop > self.hidden.length:
+            raise DraftwiseError(f"the target has no hidden states for positions {start}:{stop} of this sequence")
+        return self.hidden.view(start, stop).clone()
+
+
+class CachedLM(HiddenStatesMixin):
     """A causal LM whose KV cache follows a token sequence (batch size 1).
 
     With ``keep_hidden`` set, every forward also records the model's final hidden state (the
@@ -236,22 +260,6 @@ class CachedLM(TreeCacheMixin):
         self.tokens: list[int] = []  # the tokens whose keys and values are in the cache
         self.tree = None
         self.hidden = RowBuffer()  # (len(cache), H) final hidden states, when keep_hidden
-
-    @torch.inference_mode()
-    @all_or_nothing
-    def hidden_states(self, tokens: Sequence[int], start: int, stop: int) -> torch.Tensor:
-        """Copy of the final hidden states at positions ``start:stop`` of ``tokens`` (needs ``keep_hidden``).
-
-        Row j is the state after reading ``tokens[start + j]`` — the one whose LM-head output
-        predicted ``tokens[start + j + 1]``. A pending draft tree is first resolved against
-        ``tokens`` (its accepted path gathered into place, as the next sync would).
-        """
-        if not self.keep_hidden:
-            raise DraftwiseError("hidden states were not recorded: set keep_hidden before the forward passes")
-        self._resolve_tree(tokens)
-        if stop > len(self.tokens) or self.tokens[:stop] != list(tokens[:stop]) or stop > self.hidden.length:
-            raise DraftwiseError(f"the target has no hidden states for positions {start}:{stop} of this sequence")
-        return self.hidden.view(start, stop).clone()
 
     @torch.inference_mode()
     @all_or_nothing

@@ -19,7 +19,7 @@ import torch
 from draftwise.engine.batch import BatchEngine, Lane
 from draftwise.engine.query import QuerySettings
 from draftwise.errors import DraftwiseError
-from draftwise.trace import GenerationResult
+from draftwise.trace import GenerationResult, summarize
 
 if TYPE_CHECKING:
     from draftwise.api import Generator
@@ -117,7 +117,8 @@ class BatchSession:
             return
         if handle in self.waiting:
             self.waiting.remove(handle)
-            handle.result = self._result(handle, None, reason)
+            handle.result = GenerationResult([], "", summarize([], 0, 0.0, reason), [], handle.prompt_ids,
+                                             handle.seed)
             return
         self._retire(handle, reason)
 
@@ -135,10 +136,3 @@ class BatchSession:
         outcome = self.engine.leave(lane, reason)
         self.active.remove(handle)
         handle.result = self.generator.result(handle.prompt_ids, outcome, handle.seed)
-
-    def _result(self, handle: BatchQuery, lane: Lane | None, reason: str) -> GenerationResult:
-        result = self.generator.failed(reason)
-        result.stats.stopped_by = reason
-        result.error = None
-        result.prompt_ids, result.seed = handle.prompt_ids, handle.seed
-        return result

@@ -81,11 +81,6 @@ class Lane:
     versions: dict[int, int] = field(default_factory=dict)  # suffix stores seen
     outcome: QueryOutcome | None = None  # set when it leaves
 
-    @property
-    def done(self) -> bool:
-        query = self.query
-        return query.stopped_by is not None or query.generated >= query.settings.max_new_tokens
-
 
 class BatchEngine:
     """Runs many queries at once with one target, a pool of drafters, a list of arms and a learner."""
@@ -169,7 +164,7 @@ class BatchEngine:
     def round(self) -> list[Lane]:
         """One round of every lane: their drafts verified in one target forward. Returns the lanes
         that finished in it (still in the batch: call :meth:`leave`)."""
-        lanes = [lane for lane in self.lanes if not lane.done]
+        lanes = [lane for lane in self.lanes if not lane.query.finished]
         if not lanes:
             return []
         try:
@@ -207,7 +202,7 @@ class BatchEngine:
         timing.rounds_s += clock() - start
         timing.forward_s += seconds
         timing.draft_s += sum(plan.draft_s for plan in plans)
-        return [lane for lane in lanes if lane.done]
+        return [lane for lane in lanes if lane.query.finished]
 
     def _batch_feedback(self, arm: int, records: list[RoundRecord], seconds: float) -> None:
         """``decide="batch"``: the batch learner's reward is the round's throughput (all rows' tokens

@@ -108,7 +108,7 @@ class Engine:
         query: QueryState | None = None
         try:
             query, prefill_s, setup_s = self.start(prompt, settings, generator)
-            while query.stopped_by is None and query.generated < settings.max_new_tokens:
+            while not query.finished:
                 record = self.round(query)
                 if len(query.records) == 1:
                     record.verify_s += prefill_s  # target time spent on the prompt, split off round 1

@@ -62,6 +62,11 @@ class QueryState:
         return len(self.context) - self.prompt_len
 
     @property
+    def finished(self) -> bool:
+        """Stopped (EOS, a stop string) or out of new tokens."""
+        return self.stopped_by is not None or self.generated >= self.settings.max_new_tokens
+
+    @property
     def played(self) -> set[int | None]:
         """Drafters behind some arm this query (their counterfactual feedback is needed)."""
         return set(self.arm_drafter)

@@ -121,7 +121,6 @@ class Scheduler:
         self._cond = threading.Condition()
         self._closing = False
         self._running = 0
-        self._capacity = max_batch  # queries the session runs at once (the sequential fallback: 1)
         self._thread: threading.Thread | None = None
         self.rounds = 0  # session steps run (for tests and the page)
 
@@ -135,7 +134,7 @@ class Scheduler:
         with self._cond:
             if self._closing:
                 raise Overloaded("the server is shutting down")
-            if self._running + len(self._waiting) >= self._capacity + self.queue_size:
+            if self._running + len(self._waiting) >= self.max_batch + self.queue_size:
                 raise Overloaded(f"{self._running} requests are running and {len(self._waiting)} waiting "
                                  f"(--max-batch {self.max_batch}, --queue-size {self.queue_size})")
             self._waiting.append(job)
@@ -178,8 +177,7 @@ class Scheduler:
                 job.deliver(Failed(error, bad_input=False))
 
     def _loop(self, active: dict[int, tuple[Any, Job]]) -> None:
-        session, capacity = open_session(self.generator, self.max_batch)
-        self._capacity = capacity
+        session = self.generator.batch_session(max_batch=self.max_batch)
         while True:
             with self._cond:
                 while not active and not self._waiting and not self._closing:
@@ -187,7 +185,7 @@ class Scheduler:
                 if not active and not self._waiting and self._closing:
                     return
                 admitted: list[Job] = []
-                while self._waiting and len(active) + len(admitted) < capacity:
+                while self._waiting and len(active) + len(admitted) < self.max_batch:
                     admitted.append(self._waiting.popleft())
             for job in admitted:
                 self._admit(session, job, active)
@@ -203,7 +201,7 @@ class Scheduler:
                     job.deliver(Failed(error, bad_input=False))
                 active.clear()
                 self._running = 0
-                session, capacity = open_session(self.generator, self.max_batch)
+                session = self.generator.batch_session(max_batch=self.max_batch)
                 continue
             self.rounds += 1
             for handle, new_ids in events:
@@ -252,7 +250,3 @@ class Scheduler:
             self.on_cancel()
         job.deliver(Cancelled())
 
-
-def open_session(generator: Any, max_batch: int) -> tuple[Any, int]:
-    """The generator's batch session (continuous batching) and how many queries it runs at once."""
-    return generator.batch_session(max_batch=max_batch), max_batch

@@ -233,7 +233,7 @@ class ProposerCore:
     def _finish(self, state: RequestState) -> None:
         self.pool.finish(state.tokens, state.prompt_len)
         if self.options.mode == "request" and self.learner.keep:
-            self._absorb(state)
+            replay(self.learner, state.history)  # the warm start: as if requests ran one after another
         stats = state.stats()
         self.finished.append(stats)
         if self.options.log_requests:
@@ -241,11 +241,6 @@ class ProposerCore:
         if self.options.stats_file:
             with open(self.options.stats_file, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(stats) + "\n")
-
-    def _absorb(self, state: RequestState) -> None:
-        """Cross-request warm start (the policy's ``keep``): the finished request's rounds replayed
-        into the template learner (:func:`~draftwise.policies.base.replay`)."""
-        replay(self.learner, state.history)
 
     # -- feedback ------------------------------------------------------------------------------
     def _feedback(self, state: RequestState, emitted: int, drafted: int, shape: StepShape | None) -> None:
