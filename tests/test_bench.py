@@ -226,7 +226,7 @@ def test_malformed_line_reports_its_line_number(tmp_path, capsys):
     with pytest.raises(DraftwiseError, match=r"bad\.jsonl, line 3"):
         load_prompt_file(path)
     path.write_text('{"prompt": "fine"}\n{"text": "no prompt field"}\n')
-    with pytest.raises(DraftwiseError, match=r"line 2: no 'prompt' or 'turns' field"):
+    with pytest.raises(DraftwiseError, match=r"line 2: no 'turns', 'prompt' or 'instruction' \+ 'instances' field"):
         load_prompt_file(path)
     assert main(["bench", "--out", str(tmp_path / "o"), "--data", str(tmp_path / "missing.jsonl")]) == 2
     assert "missing.jsonl not found" in capsys.readouterr().err
@@ -259,14 +259,18 @@ def test_oracle_speedup_and_mismatches_from_rows():
     rows = [_row("p", "ar", [1, 2, 3, 4], 4.0, 4), _row("p", "fixed:a", [1, 2, 3, 4], 1.0, 2),
             _row("p", "fixed:b", [1, 2, 3, 4], 2.0, 3), _row("p", "bad", [1, 2, 3, 5], 1.0, 2)]
     assert [r["oracle_of"] for r in oracle_rows(rows)] == ["fixed:a"]
-    assert mismatched_keys(rows, greedy=True) == {"p|bad|0"} and mismatched_keys(rows, greedy=False) == set()
+    assert mismatched_keys(rows) == {"p|bad|0"}
     full = summarize_rows(rows, ["ar", "fixed:a", "fixed:b", "oracle", "bad"], greedy=True)
     assert full["oracle"]["overall"]["speedup"] == pytest.approx(4.0)
     assert full["fixed:b"]["overall"]["regret"] == pytest.approx(1.0)
     assert full["fixed:a"]["overall"]["best_arm_ratio"] == pytest.approx(1.0)
     assert full["bad"]["overall"]["mismatches"] == 1
     sampled = summarize_rows(rows, ["ar", "bad"], greedy=False)
-    assert sampled["bad"]["overall"]["mismatches"] is None  # sampled outputs are not compared
+    assert sampled["bad"]["overall"]["mismatches"] is None  # rejection-sampled outputs are not compared
+    rows.append(_row("p", "hf-pld", [1, 2, 3, 6], 1.0, 2))
+    coupled = summarize_rows(rows, ["ar", "bad", "hf-pld"], greedy=False, coupled=True)
+    assert coupled["bad"]["overall"]["mismatches"] == 1  # one seed, one text: draftwise's methods must match
+    assert coupled["hf-pld"]["overall"]["mismatches"] is None  # transformers samples with its own RNG
 
 
 def test_method_groups_expand_against_the_pool():
@@ -443,6 +447,32 @@ def test_the_default_data_folder_follows_the_checkout_not_the_cwd(monkeypatch, t
     err = capsys.readouterr().err
     assert f"data folder {tmp_path / 'my-data'} ($DRAFTWISE_DATA) does not exist" in err, err
     assert not (tmp_path / "build").exists()
+
+
+def test_named_prompt_sets_run_side_by_side(setup, monkeypatch, capsys) -> None:
+    """``--data self_instruct --data zoo:test``: the out-of-domain set and the zoo's test split in one run,
+    --per-domain applied to each, ids stable so that a rerun resumes every row."""
+    root = Path(setup["root"])
+    (root / "shared" / "self_instruct").mkdir(parents=True, exist_ok=True)
+    write_jsonl(root / "shared" / "self_instruct" / "seed_tasks.jsonl", [
+        {"id": f"seed_task_{i}", "instruction": "the cat sat", "instances": [{"input": text, "output": ""}]}
+        for i, text in enumerate(["", "on the mat", "and then"])])
+    for domain in ("code", "math"):
+        (root / "zoo" / "test").mkdir(parents=True, exist_ok=True)
+        write_jsonl(root / "zoo" / "test" / f"{domain}.jsonl", [{"instruction": f"x = {i}", "response": ""}
+                                                                for i in range(4)])
+    monkeypatch.setenv("DRAFTWISE_DATA", str(root / "shared"))
+    cfg = config(setup, "named-sets", "fixed:pld", data=("self_instruct", "zoo:test"), router_train=None)
+    args = cli_args(cfg) + ["--per-domain", "2", "--zoo-corpus", str(root / "zoo")]
+    assert main(args) == 0
+    rows = read_rows(Path(cfg.out) / "results.jsonl")
+    prompt_ids = sorted({row["prompt_id"] for row in rows})
+    assert len(rows) == 2 * len(prompt_ids) == 12  # ar + fixed:pld on 2 self_instruct + 2 × 2 zoo prompts
+    assert prompt_ids[:2] == ["seed_tasks.jsonl:seed_task_0", "seed_tasks.jsonl:seed_task_1"]
+    assert all(p.startswith(("zoo-test:code:", "zoo-test:math:")) for p in prompt_ids[2:])
+    assert {row["domain"] for row in rows} == {"self_instruct", "code", "math"}
+    assert main(args) == 0  # resumed by id: nothing runs again
+    assert "0 new rows" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- batched rounds (--batch-size)

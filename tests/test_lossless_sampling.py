@@ -1,4 +1,5 @@
-"""Sampling losslessness: speculative sampling draws from exactly the target's distribution.
+"""Sampling losslessness: speculative sampling draws from exactly the target's distribution,
+under both schemes (coupled Gumbel-max, the default, and classic rejection sampling).
 
 With a 5-token vocabulary the joint distribution of the first three generated tokens (125 cells)
 is computed exactly from the target, then compared with draws from the engine by a chi-square
@@ -87,19 +88,24 @@ def target():
     return _model(3, 2)
 
 
+SCHEMES = ("coupled", "rejection")  # Gumbel-max with per-position noise; classic speculative sampling
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("kind", sorted(DRAFTERS))
-def test_first_tokens_follow_the_target(target, kind: str) -> None:
+def test_first_tokens_follow_the_target(target, kind: str, scheme: str) -> None:
     sampling = Sampling(temperature=1.0)
-    gen = Generator(target, None, [DRAFTERS[kind]()], policy="fixed:0", draft_len=3)
+    gen = Generator(target, None, [DRAFTERS[kind]()], policy="fixed:0", draft_len=3, sampling=scheme)
     counts = _draws(gen, sampling)
     p_value = chi_square_p(counts, exact_joint(target, sampling))
     assert p_value > 1e-3, f"{kind}: p = {p_value:.2e}"
 
 
-def test_warped_sampling_with_a_pool(target) -> None:
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_warped_sampling_with_a_pool(target, scheme: str) -> None:
     sampling = Sampling(temperature=0.8, top_k=4, top_p=0.9)
     pool = [DRAFTERS["lm"](), DRAFTERS["pld"](), DRAFTERS["noise"]()]
-    gen = Generator(target, None, pool, policy="random", draft_len=2)
+    gen = Generator(target, None, pool, policy="random", draft_len=2, sampling=scheme)
     counts = _draws(gen, sampling)
     assert chi_square_p(counts, exact_joint(target, sampling)) > 1e-3
 

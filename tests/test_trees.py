@@ -298,10 +298,12 @@ def sampling_target():
     return _model(3, 2)
 
 
+@pytest.mark.parametrize("scheme", ["coupled", "rejection"])
 @pytest.mark.parametrize("kind", sorted(SAMPLING_DRAFTERS))
-def test_sampled_trees_follow_the_target(sampling_target, kind: str) -> None:
+def test_sampled_trees_follow_the_target(sampling_target, kind: str, scheme: str) -> None:
     sampling = Sampling(temperature=1.0) if kind != "lm-dynamic" else Sampling(temperature=0.8, top_k=4)
-    gen = Generator(sampling_target, None, [SAMPLING_DRAFTERS[kind]()], policy="fixed:0", draft_len=3)
+    gen = Generator(sampling_target, None, [SAMPLING_DRAFTERS[kind]()], policy="fixed:0", draft_len=3,
+                    sampling=scheme)
     counts = _draws(gen, sampling)
     p_value = chi_square_p(counts, exact_joint(sampling_target, sampling))
     assert p_value > 1e-3, f"{kind}: p = {p_value:.2e}"
@@ -309,10 +311,11 @@ def test_sampled_trees_follow_the_target(sampling_target, kind: str) -> None:
 
 @torch.inference_mode()
 def test_tree_feedback_is_the_target_mass_of_the_children(sampling_target) -> None:
-    """A point-mass tree's first-level acceptance probability is Σ p(children of the root)."""
+    """A point-mass tree's first-level acceptance probability is Σ p(children of the root)
+    (rejection sampling's; coupled sampling records whether the target's draw was a child)."""
     from draftwise.verify import warp
 
-    gen = Generator(sampling_target, None, [RandomTree()], policy="fixed:0", draft_len=3)
+    gen = Generator(sampling_target, None, [RandomTree()], policy="fixed:0", draft_len=3, sampling="rejection")
     result = gen.generate(PROMPT, max_new_tokens=1 + 3, temperature=1.0, seed=5, ignore_eos=True)
     first = result.trace[0]
     draft = RandomTree().propose(PROMPT, 3, _replay_ctx(5))

@@ -6,6 +6,7 @@ import logging
 import math
 import numbers
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_POLICY = "ctx-ucb"  # measured best on the zoo dev set (BENCHMARKS.md, "Default policy selection")
+SAMPLING_SCHEMES = ("coupled", "rejection")  # how sampled tokens are drawn (draftwise.coupling)
+DEFAULT_SAMPLING = "coupled"  # one seed, one text: whatever the drafters, policy, batch or clock
 DEFAULT_DRAFT_LEN = 4  # draft tokens per round; verifying 5 tokens costs ≈ 1.6–2× one on CPU
 
 
@@ -50,8 +53,10 @@ class Generator:
         arm_drafter: str | None = None,
         fast_drafters: bool = True,
         drafter_head_dtype: str | None = None,
+        sampling: str = DEFAULT_SAMPLING,
     ) -> None:
         self.model = target
+        self.coupled = check_sampling_scheme(sampling)
         self.tokenizer = tokenizer
         self.seed = check_seed(seed)
         self.chat = chat
@@ -182,7 +187,7 @@ class Generator:
                 top_p: float | None, seed: int | None, stop: Sequence[str], ignore_eos: bool,
                 truncate: bool) -> tuple[list[int], QuerySettings, int]:
         """Check a query's arguments and build its token ids, settings and seed (one clear error)."""
-        sampling = check_generate_args(max_new_tokens, temperature, top_k, top_p, seed)
+        sampling = replace(check_generate_args(max_new_tokens, temperature, top_k, top_p, seed), coupled=self.coupled)
         ids = self._fit_context(self.encode(prompt), max_new_tokens, truncate)
         if stop and self.tokenizer is None:
             raise DraftwiseError("stop strings need a tokenizer")
@@ -305,6 +310,13 @@ def _check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, 
         raise DraftwiseError(f"top_k must be an integer ≥ 1, got {top_k!r}")
     return Sampling(temperature=float(temperature), top_k=None if top_k is None else int(top_k),
                     top_p=None if top_p is None else float(top_p))
+
+
+def check_sampling_scheme(scheme: str) -> bool:
+    """Whether ``scheme`` is coupled sampling (one clear error for an unknown scheme)."""
+    if scheme not in SAMPLING_SCHEMES:
+        raise DraftwiseError(f"sampling must be one of {', '.join(SAMPLING_SCHEMES)}, got {scheme!r}")
+    return scheme == "coupled"
 
 
 def check_generate_args(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,

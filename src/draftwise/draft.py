@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from draftwise.coupling import PositionNoise
 from draftwise.verify import Sampling
 
 
@@ -25,8 +26,20 @@ class Draft:
 
 @dataclass
 class DraftContext:
-    """What a drafter may use besides the token context: sampling settings and the query's RNG."""
+    """What a drafter may use besides the token context: sampling settings and the query's RNG.
+
+    Under coupled sampling, ``noise`` holds the query's per-position Gumbel noise and ``position``
+    the index the round's first draft token would take (the engine sets it before drafting): a
+    drafter draws token j with the noise at ``position + j``, the noise the target's draw uses.
+    """
 
     sampling: Sampling = field(default_factory=Sampling)
     generator: torch.Generator | None = None
     eos_ids: frozenset[int] = frozenset()
+    noise: PositionNoise | None = None
+    position: int = 0
+
+    def gumbel(self, step: int, width: int) -> torch.Tensor:
+        """The coupled noise for draft position ``step`` of this round (coupled sampling only)."""
+        assert self.noise is not None, "coupled sampling gives every query its noise"
+        return self.noise.row(self.position + step, width)

@@ -19,8 +19,10 @@ class RoundRecord:
 
     ``accept_probs[j]`` is the probability that the played drafter's token at draft position j
     is accepted given the target distribution at that position: 1 − TV(p, q) for LM drafters under
-    sampling, p(x̂) for point-mass drafters under sampling, 1[x̂ = argmax p] under greedy. It covers
-    every drafted position (positions after the first rejection are conditioned on the draft).
+    sampling, p(x̂) for point-mass drafters under sampling (rejection sampling's probability, kept as
+    the signal under coupled sampling too), 1[x̂ = argmax p] under greedy. It covers every drafted
+    position (positions after the first rejection are conditioned on the draft). A tree's entries are
+    per level; under coupled sampling they record whether the target's draw was among the children.
 
     ``counterfactual`` (full-information feedback, filled by the evaluation phase when a policy
     asks for it) maps every arm to its acceptance probabilities along the *verified* tokens of

@@ -14,11 +14,17 @@ import torch
 
 @dataclass(frozen=True)
 class Sampling:
-    """How tokens are chosen: greedy when temperature is 0, else warped sampling."""
+    """How tokens are chosen: greedy when temperature is 0, else warped sampling.
+
+    ``coupled``: each sampled token is the Gumbel-max of the warped target with noise fixed by the
+    query's seed and the token's position (:mod:`draftwise.coupling`: one seed, one text, whatever
+    was drafted); else classic speculative (rejection) sampling, whose draws depend on the drafts.
+    """
 
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
+    coupled: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -65,7 +71,10 @@ def top1_hits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def verify_greedy(draft: Sequence[int], target_logits: torch.Tensor) -> Verdict:
-    """Accept the longest prefix equal to the target's argmax, then the target's next argmax."""
+    """Accept the longest prefix equal to the target's argmax, then the target's next argmax.
+
+    Coupled sampling judges the same way on the perturbed scores ``log p + g`` (their argmax is the
+    target's draw; :func:`draftwise.coupling.coupled_scores`)."""
     choice = target_logits.argmax(-1).tolist()  # (n + 1,)
     matches = [float(d == c) for d, c in zip(draft, choice)]
     accepted = matches.index(0.0) if 0.0 in matches else len(draft)

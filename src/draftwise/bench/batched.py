@@ -128,11 +128,13 @@ def build_runner(bench: Workbench, spec: str, length_drafter: str) -> Runner:
 
     def make(policy: str, names: Sequence[str] | None = None, **kw: Any) -> Any:
         kw.setdefault("draft_len", bench.draft_len)
-        return Generator(bench.model, bench.tokenizer, bench.fresh_pool(names), policy=policy, seed=bench.seed, **kw)
+        return Generator(bench.model, bench.tokenizer, bench.fresh_pool(names), policy=policy, seed=bench.seed,
+                         sampling=bench.sampling, **kw)
 
     head, _, arg = spec.partition(":")
     if spec == "ar":
-        return engine_runner(Generator(bench.model, bench.tokenizer, [], policy="fixed", seed=bench.seed))
+        return engine_runner(Generator(bench.model, bench.tokenizer, [], policy="fixed", seed=bench.seed,
+                                       sampling=bench.sampling))
     if spec == "hf-ar":
         pad = getattr(bench.tokenizer, "pad_token_id", None)
         return hf_runner(bench.model, int(pad if pad is not None else next(iter(eos_ids(bench.model)), 0)))

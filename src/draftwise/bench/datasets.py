@@ -1,4 +1,4 @@
-"""Prompt sets for ``draftwise bench``: JSONL files in two shapes, or the zoo's held-out dev split.
+"""Prompt sets for ``draftwise bench``: JSONL files in three shapes, or a named set.
 
 Accepted line shapes (one JSON object per line; the shape is detected per line):
 
@@ -6,10 +6,18 @@ Accepted line shapes (one JSON object per line; the shape is detected per line):
   an ``id`` field is kept when present);
 * Spec-Bench / MT-Bench — ``{"question_id": 81, "category": "writing", "turns": ["...", "..."]}``:
   the category becomes the domain; the first turn is the prompt unless ``turns="all"``, which
-  makes one prompt per turn, each carrying the earlier turns as context.
+  makes one prompt per turn, each carrying the earlier turns as context;
+* Self-Instruct seed tasks — ``{"id": "seed_task_0", "instruction": "...", "instances":
+  [{"input": "", "output": "..."}], ...}``: the instruction, plus a blank line and the first
+  instance's input when that is non-empty; domain ``self_instruct``.
 
-Every prompt gets a stable id (``FILE:LINE`` or ``FILE:QUESTION_ID[#TURN]``) so that results
-can be resumed and joined across methods.
+Named sets (:data:`PROMPT_SETS`) stand for prompts that live outside the repository:
+``self_instruct`` (the 175 Self-Instruct seed tasks in the shared datasets folder: everyday
+instructions unlike the zoo's training domains, an out-of-domain check) and ``zoo:dev`` /
+``zoo:test`` (the zoo corpus's held-out splits: dev for tuning, test for reporting).
+
+Every prompt gets a stable id (``FILE:LINE``, ``FILE:ID``, ``FILE:QUESTION_ID[#TURN]`` or
+``zoo-SPLIT:DOMAIN:INDEX``) so that results can be resumed and joined across methods.
 """
 
 from __future__ import annotations
@@ -32,8 +40,12 @@ log = logging.getLogger(__name__)
 DEFAULT_DOMAIN = "all"
 TURN_CHOICES = ("first", "all")
 CORPUS_ENV = "DRAFTWISE_ZOO_CORPUS"  # a zoo corpus folder (dev/DOMAIN.jsonl) or a zoo build folder
-SHAPES_HELP = ("each line must be one JSON object: {\"prompt\": ..., \"domain\": ...} or Spec-Bench/MT-Bench "
-               "{\"question_id\": ..., \"category\": ..., \"turns\": [...]}")
+SHAPES_HELP = ("each line must be one JSON object: {\"prompt\": ..., \"domain\": ...}, Spec-Bench/MT-Bench "
+               "{\"question_id\": ..., \"category\": ..., \"turns\": [...]} or a Self-Instruct seed task "
+               "{\"id\": ..., \"instruction\": ..., \"instances\": [{\"input\": ..., \"output\": ...}]}")
+SELF_INSTRUCT_DOMAIN = "self_instruct"
+SELF_INSTRUCT_FILE = Path("self_instruct") / "seed_tasks.jsonl"  # inside the shared datasets folder
+ZOO_PER_DOMAIN = 8  # prompts sampled per domain from a zoo split when --per-domain is not given
 
 
 @dataclass(frozen=True)
@@ -43,16 +55,30 @@ class Prompt:
     domain: str
 
 
-# A line shape: (does this object have the shape?, object + turns mode + id stem → prompts).
-Shape = tuple[Callable[[dict], bool], Callable[[dict, str, str], list[Prompt]]]
+@dataclass(frozen=True)
+class Shape:
+    """One line shape: the fields that identify it, and how an object of that shape becomes prompts."""
+
+    keys: tuple[str, ...]  # every one present ⇒ this shape
+    build: Callable[[dict, str, str], list[Prompt]]  # object, turns mode, id stem (FILE:LINE) → prompts
+
+    def matches(self, obj: dict) -> bool:
+        return all(key in obj for key in self.keys)
+
+
 SHAPES: Registry[Shape] = Registry("prompt line shape")
+
+
+def _record_id(stem: str, record_id: Any) -> str:
+    """``FILE:ID`` from the line's stem ``FILE:LINE``: an id that survives edits elsewhere in the file."""
+    return f"{stem.rsplit(':', 1)[0]}:{record_id}"
 
 
 def _plain(obj: dict, turns: str, stem: str) -> list[Prompt]:
     text = obj["prompt"]
     if not isinstance(text, str) or not text.strip():
         raise ValueError("'prompt' must be a non-empty string")
-    pid = f"{stem.rsplit(':', 1)[0]}:{obj['id']}" if "id" in obj else stem
+    pid = _record_id(stem, obj["id"]) if "id" in obj else stem
     return [Prompt(pid, text, str(obj.get("domain") or DEFAULT_DOMAIN))]
 
 
@@ -61,7 +87,7 @@ def _mt_bench(obj: dict, turns: str, stem: str) -> list[Prompt]:
     if not isinstance(all_turns, list) or not all_turns or not all(isinstance(t, str) and t.strip() for t in all_turns):
         raise ValueError("'turns' must be a non-empty list of non-empty strings")
     domain = str(obj.get("category") or DEFAULT_DOMAIN)
-    base = f"{stem.rsplit(':', 1)[0]}:{obj.get('question_id', stem.rsplit(':', 1)[-1])}"
+    base = _record_id(stem, obj.get("question_id", stem.rsplit(":", 1)[-1]))
     if turns == "first":
         return [Prompt(base, all_turns[0], domain)]
     # Later turns carry the earlier ones as context (the model's own answers are not part of a
@@ -69,8 +95,25 @@ def _mt_bench(obj: dict, turns: str, stem: str) -> list[Prompt]:
     return [Prompt(f"{base}#{i + 1}", "\n\n".join(all_turns[: i + 1]), domain) for i in range(len(all_turns))]
 
 
-SHAPES.register("plain")((lambda obj: "prompt" in obj, _plain))
-SHAPES.register("mt-bench")((lambda obj: "turns" in obj, _mt_bench))
+def _self_instruct(obj: dict, turns: str, stem: str) -> list[Prompt]:
+    """A seed task as its authors prompt it: the instruction, then the first instance's input (the
+    text the instruction is about: a passage to rewrite, pairs to relate) when it has one."""
+    instruction, instances = obj["instruction"], obj["instances"]
+    if not isinstance(instruction, str) or not instruction.strip():
+        raise ValueError("'instruction' must be a non-empty string")
+    if not isinstance(instances, list) or not all(isinstance(i, dict) for i in instances):
+        raise ValueError("'instances' must be a list of {\"input\": ..., \"output\": ...} objects")
+    given = instances[0].get("input") if instances else None
+    if given is not None and not isinstance(given, str):
+        raise ValueError("'instances[0].input' must be a string")
+    text = f"{instruction}\n\n{given}" if given and given.strip() else instruction
+    pid = _record_id(stem, obj["id"]) if "id" in obj else stem
+    return [Prompt(pid, text, SELF_INSTRUCT_DOMAIN)]
+
+
+SHAPES.register("plain")(Shape(("prompt",), _plain))
+SHAPES.register("mt-bench")(Shape(("turns",), _mt_bench))
+SHAPES.register("self-instruct")(Shape(("instruction", "instances"), _self_instruct))
 
 
 def parse_line(line: str, turns: str, stem: str) -> list[Prompt]:
@@ -78,10 +121,12 @@ def parse_line(line: str, turns: str, stem: str) -> list[Prompt]:
     obj: Any = json.loads(line)
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    for _name, (matches, build) in SHAPES.items():
-        if matches(obj):
-            return build(obj, turns, stem)
-    raise ValueError(f"no 'prompt' or 'turns' field (keys: {', '.join(sorted(obj)) or 'none'})")
+    for _name, shape in SHAPES.items():
+        if shape.matches(obj):
+            return shape.build(obj, turns, stem)
+    *others, last = [" + ".join(f"'{key}'" for key in shape.keys) for _name, shape in SHAPES.items()]
+    wanted = f"{', '.join(others)} or {last}" if others else last
+    raise ValueError(f"no {wanted} field (keys: {', '.join(sorted(obj)) or 'none'})")
 
 
 def load_prompt_file(path: str | Path, turns: str = "first") -> list[Prompt]:
@@ -296,3 +341,74 @@ def zoo_training_texts(folder: Path, per_domain: int, seed: int) -> tuple[list[s
         texts += [rows[i]["instruction"] for i in sorted(take)]
         labels += [domain] * len(take)
     return texts, labels
+
+
+# ----------------------------------------------------------------------------- named prompt sets
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    """The bench options a prompt source reads: one object, so every source takes the same argument."""
+
+    turns: str = "first"
+    per_domain: int | None = None  # None: every prompt of a file, ZOO_PER_DOMAIN of a zoo split
+    zoo_corpus: str | None = None
+    seed: int = 0  # samples the zoo splits
+
+
+PromptSet = Callable[[PromptRequest], list[Prompt]]
+PROMPT_SETS: Registry[PromptSet] = Registry("prompt set")
+
+
+@PROMPT_SETS.register("self_instruct")
+def self_instruct_prompts(request: PromptRequest) -> list[Prompt]:
+    """The Self-Instruct seed tasks from the shared datasets folder; never copied into the repository
+    (and never used to train the zoo, so that they stay a fair out-of-domain check)."""
+    folder, origin = default_data_dir()  # bench has no option for the folder: its --data names prompts
+    path = folder / SELF_INSTRUCT_FILE if folder is not None else None
+    if path is None or not path.is_file():
+        where = f"{path} not found" if path is not None else "no shared datasets folder"
+        raise DraftwiseError(f"prompt set self_instruct: {where} ({origin}); set ${DATA_ENV} to the shared datasets "
+                             f"folder (it holds {SELF_INSTRUCT_FILE}), or pass the file itself as --data FILE")
+    return limit_per_domain(load_prompt_file(path, request.turns), request.per_domain)
+
+
+def zoo_split_set(split: str) -> PromptSet:
+    """``zoo:SPLIT``: ``per_domain`` prompts per domain of the zoo corpus's held-out split, sampled with ``seed``."""
+
+    def load(request: PromptRequest) -> list[Prompt]:
+        folder = find_zoo_corpus(request.zoo_corpus, split)
+        return zoo_prompts(folder, split, request.per_domain or ZOO_PER_DOMAIN, request.seed)
+
+    load.__doc__ = f"The zoo corpus's held-out {split} split."
+    return load
+
+
+for _split in ("dev", "test"):
+    PROMPT_SETS.register(f"zoo:{_split}")(zoo_split_set(_split))
+
+DEFAULT_PROMPT_SET = "zoo:dev"  # tuning happens on dev; test and self_instruct are for reporting
+
+
+def looks_like_path(spec: str) -> bool:
+    """A spec naming a file (a folder part or an extension) rather than a set: its error is 'not found'."""
+    return Path(spec).suffix != "" or os.sep in spec or "/" in spec
+
+
+def load_prompt_source(spec: str, request: PromptRequest) -> list[Prompt]:
+    """One ``--data`` value: a named set, else a JSONL file (first ``per_domain`` prompts per domain).
+
+    A name wins over a file of the same name in the working directory; write ``./NAME`` for the file.
+    """
+    if spec in PROMPT_SETS:
+        return PROMPT_SETS.get(spec)(request)
+    if not Path(spec).is_file() and not looks_like_path(spec):
+        raise DraftwiseError(f"--data {spec}: no such prompt set or file; named sets: {', '.join(PROMPT_SETS)}, "
+                             f"or a JSONL file ({SHAPES_HELP})")
+    return limit_per_domain(load_prompt_file(spec, request.turns), request.per_domain)
+
+
+def load_prompt_sources(specs: Sequence[str], request: PromptRequest) -> list[Prompt]:
+    """Every ``--data`` value in order (default: the zoo's dev split), ``per_domain`` applied to each
+    source on its own (so ``zoo:dev`` and ``zoo:test`` together keep both), ids made unique."""
+    return unique_ids([p for spec in specs or (DEFAULT_PROMPT_SET,) for p in load_prompt_source(spec, request)])

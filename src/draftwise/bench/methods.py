@@ -73,6 +73,7 @@ class Workbench:
     seed: int
     drafter_domains: dict[str, tuple[str, ...]] = field(default_factory=dict)
     router: Any = None
+    sampling: str = "coupled"  # the scheme of every draftwise generator (ar included)
 
     @property
     def drafter_names(self) -> list[str]:
@@ -91,7 +92,7 @@ class Workbench:
         from draftwise.api import Generator
 
         return Generator(self.model, self.tokenizer, self.fresh_pool(names), policy=policy,
-                         draft_len=self.draft_len, seed=self.seed)
+                         draft_len=self.draft_len, seed=self.seed, sampling=self.sampling)
 
     @property
     def peer_draft_len(self) -> int:
@@ -174,7 +175,8 @@ class EngineMethod:
 def _ar(bench: Workbench, arg: str) -> Method:
     from draftwise.api import Generator
 
-    return EngineMethod("ar", Generator(bench.model, bench.tokenizer, [], policy="fixed", seed=bench.seed))
+    return EngineMethod("ar", Generator(bench.model, bench.tokenizer, [], policy="fixed", seed=bench.seed,
+                                        sampling=bench.sampling))
 
 
 @register_method("default", "the library's default policy over the whole pool")

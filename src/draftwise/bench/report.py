@@ -7,8 +7,10 @@ Definitions (every ratio against ``ar`` uses only the (prompt, repeat) pairs bot
   divided by the same mean for ``ar``;
 * ``mat`` — Σ tokens / Σ target forwards; ``target_calls_per_token`` its inverse;
 * ``acceptance_rate`` — Σ accepted / Σ drafted (null for the transformers peers: not observable);
-* ``mismatches`` — rows whose tokens differ from ``ar``'s on the same prompt and repeat
-  (greedy only: sampled outputs legitimately differ, and the count is null);
+* ``mismatches`` — rows whose tokens differ from ``ar``'s on the same prompt and repeat, under
+  greedy decoding and under coupled sampling (where one seed fixes the text: draftwise's methods
+  must match ``ar`` token for token; the transformers peers sample otherwise and are not compared);
+  null where outputs are not compared (rejection sampling: they legitimately differ);
 * ``regret`` (csv / md) — stopping-time regret: mean over prompts of the method's target calls
   minus those of the best single drafter on that prompt in hindsight;
 * ``best_arm_ratio`` (csv / md) — share of rounds that played that best drafter.
@@ -39,6 +41,7 @@ ORACLE = "oracle"
 NO_DRAFTER = "none"  # the arm of plain decoding rounds
 OVERALL = "overall"
 FIXED = "fixed:"
+HF_PREFIX = "hf-"  # the transformers peers (hf-ar, hf-pld, hf-assisted:NAME)
 PACKAGES = ("draftwise", "torch", "transformers", "tokenizers", "safetensors", "numpy", "tqdm", "matplotlib", "ray")
 
 
@@ -74,10 +77,8 @@ def with_derived(rows: Sequence[dict], methods: Sequence[str]) -> list[dict]:
     return rows + (oracle_rows(rows) if ORACLE in methods else [])
 
 
-def mismatched_keys(rows: Sequence[dict], greedy: bool) -> set[str]:
+def mismatched_keys(rows: Sequence[dict]) -> set[str]:
     """Keys of rows whose output differs from ``ar`` on the same prompt and repeat."""
-    if not greedy:
-        return set()
     reference = {pair(r): r["token_ids"] for r in rows if r["method"] == BASELINE}
     return {r["key"] for r in rows if pair(r) in reference and r["token_ids"] != reference[pair(r)]}
 
@@ -166,10 +167,17 @@ def best_arm_ratio(rows: Sequence[dict], best: dict[tuple[str, int], tuple[str, 
     return hits / total if total else None
 
 
-def summarize_rows(rows: Sequence[dict], methods: Sequence[str], greedy: bool) -> dict[str, dict[str, Any]]:
+def compared(method: str, greedy: bool, coupled: bool) -> bool:
+    """Whether ``method``'s outputs must equal ``ar``'s: every method under greedy decoding,
+    draftwise's own under coupled sampling (the transformers peers draw with their own RNG)."""
+    return greedy or (coupled and not method.startswith(HF_PREFIX))
+
+
+def summarize_rows(rows: Sequence[dict], methods: Sequence[str], greedy: bool,
+                   coupled: bool = False) -> dict[str, dict[str, Any]]:
     """method → {"overall": metrics, "by_domain": {domain: metrics}}, with every extra key."""
     rows = with_derived(rows, methods)
-    bad = mismatched_keys(rows, greedy) if greedy else None
+    every_bad = mismatched_keys(rows)
     best = best_fixed(rows)
     by_method: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
@@ -179,6 +187,7 @@ def summarize_rows(rows: Sequence[dict], methods: Sequence[str], greedy: bool) -
     out: dict[str, dict[str, Any]] = {}
     for method in methods:
         mine = by_method.get(method, [])
+        bad = every_bad if compared(method, greedy, coupled) else None
         out[method] = {
             OVERALL: metrics(mine, baseline, bad, best),
             "by_domain": {d: metrics([r for r in mine if r["domain"] == d], [r for r in baseline if r["domain"] == d],
@@ -312,9 +321,9 @@ def write_csv(path: Path, full: dict[str, dict[str, Any]]) -> None:
 
 
 def write_reports(out: Path, rows: Sequence[dict], methods: Sequence[str], env: dict[str, Any], greedy: bool,
-                  plots: bool = True) -> dict[str, dict[str, Any]]:
+                  plots: bool = True, coupled: bool = False) -> dict[str, dict[str, Any]]:
     """summary.json / .md / .csv and the plots; returns the full per-method metrics."""
-    full = summarize_rows(rows, methods, greedy)
+    full = summarize_rows(rows, methods, greedy, coupled)
     (out / "summary.json").write_text(json.dumps(summary_json(full), indent=2))
     (out / "summary.md").write_text(markdown(full, env))
     write_csv(out / "summary.csv", full)

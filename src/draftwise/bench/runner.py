@@ -31,14 +31,13 @@ from draftwise.bench.datasets import (
     CORPUS_ENV,
     DATA_ENV,
     Prompt,
+    PromptRequest,
     find_zoo_corpus,
     has_split,
-    limit_per_domain,
-    load_prompt_files,
+    load_prompt_sources,
     locate_zoo_corpus,
     regenerate_zoo_corpus,
     resolve_data_dir,
-    zoo_prompts,
     zoo_training_texts,
 )
 from draftwise.bench.methods import (
@@ -60,15 +59,16 @@ DEFAULT_TARGET = "zoo:target"
 DEFAULT_POOL = ("zoo:all", "pld", "suffix")
 DEFAULT_METHODS = ("ar", "default", "fixed:*", "random", "policies:*", "router", "oracle", "hf-assisted:*", "hf-pld")
 # Settings that change what a row means: a resumed run must match them exactly.
-RUN_DEFINING = ("target", "drafters", "max_new_tokens", "temperature", "top_k", "top_p", "draft_len", "seed", "turns",
-                "dtype", "warmup_tokens")
+RUN_DEFINING = ("target", "drafters", "max_new_tokens", "temperature", "top_k", "top_p", "sampling", "draft_len",
+                "seed", "turns", "dtype", "warmup_tokens")
+LEGACY_SETTINGS = {"sampling": "rejection"}  # what runs recorded before a setting existed
 ROUTER_PER_LABEL = 400  # zoo training prompts per domain for the router
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     out: str
-    data: tuple[str, ...] = ()
+    data: tuple[str, ...] = ()  # prompt files and named sets (self_instruct, zoo:dev, zoo:test); () = zoo:dev
     methods: tuple[str, ...] = DEFAULT_METHODS
     target: str = DEFAULT_TARGET
     drafters: tuple[str, ...] = DEFAULT_POOL
@@ -76,11 +76,12 @@ class BenchConfig:
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
+    sampling: str = "coupled"  # coupled | rejection (draftwise.coupling); greedy runs ignore it
     repeats: int = 1
     draft_len: int | None = None  # None: the library's default (4), or a preset's own
     seed: int = 0
     turns: str = "first"
-    per_domain: int | None = None  # prompts kept per domain (the zoo dev set: default 8)
+    per_domain: int | None = None  # prompts kept per domain of each --data source (zoo splits: default 8)
     zoo_corpus: str | None = None
     router_train: str | None = None
     warmup_tokens: int = 16  # one untimed run of this length per method and shard
@@ -92,9 +93,6 @@ class BenchConfig:
 
     def settings(self) -> DecodeSettings:
         return DecodeSettings(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
-
-
-ZOO_DEV_PER_DOMAIN = 8
 
 
 @dataclass(frozen=True)
@@ -184,10 +182,9 @@ class RowWriter:
 
 
 def resolve_prompts(config: BenchConfig) -> list[Prompt]:
-    if config.data:
-        return limit_per_domain(load_prompt_files(config.data, config.turns), config.per_domain)
-    folder = find_zoo_corpus(config.zoo_corpus, "dev")
-    return zoo_prompts(folder, "dev", config.per_domain or ZOO_DEV_PER_DOMAIN, config.seed)
+    """The run's prompts: every ``--data`` source in order (files and named sets), else the zoo dev split."""
+    request = PromptRequest(config.turns, config.per_domain, config.zoo_corpus, config.seed)
+    return load_prompt_sources(config.data, request)
 
 
 def plan_jobs(prompts: Sequence[Prompt], methods: Sequence[str], repeats: int, done: set[str]) -> list[Job]:
@@ -219,6 +216,7 @@ def check_resume(out: Path, config: BenchConfig) -> None:
     except (ValueError, KeyError):
         return
     current = asdict(config)
+    previous = {**LEGACY_SETTINGS, **previous}
     diffs = [f"{k}: {previous.get(k)!r} there, {jsonable(current[k])!r} now" for k in RUN_DEFINING
              if jsonable(previous.get(k)) != jsonable(current[k])]
     if diffs:
@@ -240,7 +238,8 @@ def load_workbench(config: BenchConfig, router: Any = None) -> Workbench:
     options = LoadOptions(dtype=config.dtype)
     model, tokenizer = load_causal_lm(config.target, options)
     pool = build_drafters(list(config.drafters), model, tokenizer, options)
-    return Workbench(model, tokenizer, pool, config.draft_len, config.seed, drafter_domains(pool), router)
+    return Workbench(model, tokenizer, pool, config.draft_len, config.seed, drafter_domains(pool), router,
+                     config.sampling)
 
 
 def drafter_domains(pool: Sequence[Any]) -> dict[str, tuple[str, ...]]:

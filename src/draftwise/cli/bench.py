@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from draftwise.bench.runner import DEFAULT_METHODS, DEFAULT_POOL, DEFAULT_TARGET, ZOO_DEV_PER_DOMAIN, BenchConfig
+from draftwise.bench.datasets import PROMPT_SETS, ZOO_PER_DOMAIN
+from draftwise.bench.runner import DEFAULT_METHODS, DEFAULT_POOL, DEFAULT_TARGET, BenchConfig
+from draftwise.cli.generate import add_sampling_option
 
 MISMATCH_EXIT = 1
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as for every Ctrl-C of the CLI
@@ -32,9 +34,12 @@ def register(subparsers: Any) -> None:
         "(,schedule=constant|heuristic|default), hf-assisted:*, hf-pld. See docs/bench.md.",
     )
     p.add_argument("--out", required=True, help="output folder (created; an existing one is resumed)")
-    p.add_argument("--data", action="append", default=[], metavar="FILE",
-                   help="prompt JSONL (repeatable): {prompt, domain} or Spec-Bench/MT-Bench {question_id, category, "
-                   "turns}; default: the zoo's held-out dev split")
+    p.add_argument("--data", action="append", default=[], metavar="FILE|SET",
+                   help="prompts (repeatable): a JSONL file of {prompt, domain}, Spec-Bench/MT-Bench {question_id, "
+                   "category, turns} or Self-Instruct {id, instruction, instances} lines, or a named set: "
+                   f"{', '.join(PROMPT_SETS)} (self_instruct: the shared datasets' seed tasks, via "
+                   "$DRAFTWISE_DATA or ../shared/data; zoo:SPLIT: the zoo corpus's held-out split, see --zoo-corpus); "
+                   "default: zoo:dev")
     p.add_argument("--turns", choices=("first", "all"), default="first",
                    help="MT-Bench style files: the first turn only (default) or one prompt per turn")
     p.add_argument("--methods", action="append", default=None, metavar="A,B,...",
@@ -43,6 +48,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default; outputs checked against ar)")
     p.add_argument("--top-k", type=int, default=None, help="sampling: top-k")
     p.add_argument("--top-p", type=float, default=None, help="sampling: nucleus mass")
+    add_sampling_option(p)
     p.add_argument("--repeats", type=int, default=1, help="timed repeats of every run (mean ± std; default 1)")
     p.add_argument("--workers", type=int, default=1,
                    help="parallel processes, prompts split among them, each timing its own ar (default 1)")
@@ -54,10 +60,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--draft-len", type=int, default=None,
                    help="draft tokens per round, peers included (default: the library's 4; presets keep their own)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
-    p.add_argument("--per-domain", type=int, default=None,
-                   help=f"prompts kept per domain (default: all of --data; {ZOO_DEV_PER_DOMAIN} of the zoo dev set)")
+    p.add_argument("--per-domain", type=int, default=None, metavar="N",
+                   help=f"prompts kept per domain of each --data source: the first N of a file, N sampled with "
+                   f"--seed from a zoo split (default: all of a file; {ZOO_PER_DOMAIN} of a zoo split)")
     p.add_argument("--zoo-corpus", default=None, metavar="DIR",
-                   help="zoo build folder or its corpus folder (held-out dev split, router training split); "
+                   help="zoo build folder or its corpus folder (held-out dev/test splits, router training split); "
                    "default $DRAFTWISE_ZOO_CORPUS, then a corpus shipped with the zoo")
     p.add_argument("--router-train", default=None, metavar="FILE",
                    help="router training JSONL: prompt + drafter (or domain) per line (default: the router "
@@ -86,7 +93,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         out=args.out, data=tuple(args.data), methods=tuple(methods), target=args.target,
         drafters=tuple(args.drafter if args.drafter is not None else DEFAULT_POOL),
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        repeats=args.repeats, draft_len=args.draft_len, seed=args.seed, turns=args.turns, per_domain=args.per_domain,
+        sampling=args.sampling, repeats=args.repeats, draft_len=args.draft_len, seed=args.seed, turns=args.turns,
+        per_domain=args.per_domain,
         zoo_corpus=args.zoo_corpus, router_train=args.router_train, warmup_tokens=args.warmup_tokens,
         workers=args.workers, ray=args.ray, threads=args.threads, dtype=args.dtype, progress=not args.quiet,
     )
@@ -112,13 +120,14 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return INTERRUPTED_EXIT
     full = write_reports(out, result.rows, result.methods, result.env, greedy=config.temperature == 0,
-                         plots=not args.no_plots)
+                         plots=not args.no_plots, coupled=config.sampling == "coupled")
     print((out / "summary.md").read_text())
     print(f"{result.new_rows} new rows, {len(result.rows)} in total; results in {out}", file=sys.stderr)
     mismatches = total_mismatches(full)
     if mismatches:
         bad = [m for m, v in full.items() if v["overall"]["mismatches"]]
-        print(f"draftwise bench: error: {mismatches} output(s) differ from ar's greedy output "
+        what = "greedy" if config.temperature == 0 else "coupled-sampling"
+        print(f"draftwise bench: error: {mismatches} output(s) differ from ar's {what} output "
               f"(methods: {', '.join(bad)}); see {out / 'results.jsonl'}", file=sys.stderr)
         return MISMATCH_EXIT
     return 0

@@ -69,11 +69,20 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    "multiplies it natively, else float32; outputs are unaffected (the target decides every token)")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap the prompt in the tokenizer's chat template (default: when it has one)")
+    add_sampling_option(p)
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; "
                         "1 is often fastest for small models or a busy CPU)")
     p.add_argument("--dtype", default="float32", help="float32 (default), float16 or bfloat16")
+
+
+def add_sampling_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sampling", choices=("coupled", "rejection"), default="coupled",
+                   help="how sampled tokens are drawn (temperature > 0): coupled (default) = each token is the "
+                   "Gumbel-max of the target's distribution with noise fixed by the seed and its position, so one "
+                   "seed gives one text whatever the drafters, policy, batch or timing; rejection = classic "
+                   "speculative sampling, whose draws depend on what was drafted (same distribution either way)")
 
 
 def load_generator(args: argparse.Namespace) -> Any:
@@ -93,7 +102,7 @@ def load_generator(args: argparse.Namespace) -> Any:
         target, drafters, policy=args.policy or DEFAULT_POLICY, draft_len=args.draft_len,
         device=args.device, dtype=args.dtype, seed=args.seed, chat=args.chat, arms=args.arms,
         max_draft=args.max_draft, stops=args.stops.split(",") if args.stops else None, arm_drafter=args.arm_drafter,
-        drafter_head_dtype=args.drafter_head_dtype,
+        drafter_head_dtype=args.drafter_head_dtype, sampling=args.sampling,
     )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from draftwise.coupling import coupled_scores
 from draftwise.draft import Draft, DraftContext
 from draftwise.drafters.stopping import StopRule
 from draftwise.errors import DraftwiseError
@@ -128,12 +129,15 @@ def grow_dynamic(root: torch.Tensor, expand: Expand, topk: int, budget: int, dep
 
 
 def grow_shaped(root: torch.Tensor, expand: Expand, shape: Sequence[int], budget: int, eos_ids: frozenset[int],
-                generator: torch.Generator | None = None) -> tuple[list[int], list[int], list[torch.Tensor]]:
+                generator: torch.Generator | None = None,
+                noise: Callable[[int], torch.Tensor] | None = None) -> tuple[list[int], list[int], list[torch.Tensor]]:
     """A tree of fixed branching factors per depth, in breadth-first order, cut at ``budget`` nodes.
 
     Children are the top-b tokens of the drafter's distribution, or, given a ``generator``, b draws
-    without replacement (Gumbel top-k). Returns tokens, parents, and each node's proposal
-    distribution given its earlier siblings (q with their tokens removed, renormalised).
+    without replacement (Gumbel top-k), or, given ``noise`` (depth → Gumbel row; coupled sampling),
+    the top-b of ``log q + g``: the first child is the drafter's coupled draw. Returns tokens,
+    parents, and each node's proposal distribution given its earlier siblings (q with their tokens
+    removed, renormalised).
     """
     tokens: list[int] = []
     parents: list[int] = []
@@ -143,7 +147,7 @@ def grow_shaped(root: torch.Tensor, expand: Expand, shape: Sequence[int], budget
     for d, width in enumerate(shape):
         level: list[int] = []
         for parent, probs in zip(frontier, dists):
-            for tok, q in _children(probs, width, generator):
+            for tok, q in _children(probs, width, generator, None if noise is None else noise(d)):
                 if len(tokens) >= budget:
                     break
                 tokens.append(tok)
@@ -158,11 +162,14 @@ def grow_shaped(root: torch.Tensor, expand: Expand, shape: Sequence[int], budget
     return tokens, parents, qs
 
 
-def _children(probs: torch.Tensor, width: int, generator: torch.Generator | None) -> list[tuple[int, torch.Tensor]]:
+def _children(probs: torch.Tensor, width: int, generator: torch.Generator | None,
+              gumbel: torch.Tensor | None = None) -> list[tuple[int, torch.Tensor]]:
     """``width`` children and the distribution each was drawn from given the earlier ones."""
     support = int((probs > 0).sum())
     width = min(width, support)
-    if generator is None:
+    if gumbel is not None:  # coupled: Gumbel top-k with the position's own noise
+        picked = torch.topk(coupled_scores(probs, gumbel), width).indices.tolist()
+    elif generator is None:
         picked = torch.topk(probs, width).indices.tolist()
     else:  # Gumbel top-k = sequential sampling without replacement
         u = torch.rand(probs.shape, generator=generator, device=probs.device).clamp_(1e-20, 1.0)
@@ -199,7 +206,10 @@ def draft_chain(logits: torch.Tensor, advance: Callable[[int], torch.Tensor], ma
             token = int(logits.argmax())
         else:
             probs = warp(logits[None], ctx.sampling)[0]
-            token = int(torch.multinomial(probs, 1, generator=ctx.generator))
+            if ctx.noise is not None:  # coupled: the Gumbel-max with the noise the target's draw uses
+                token = int(coupled_scores(probs, ctx.gumbel(step, probs.shape[-1])).argmax())
+            else:
+                token = int(torch.multinomial(probs, 1, generator=ctx.generator))
             rows.append(probs)
         tokens.append(token)
         if token in ctx.eos_ids or step == max_len - 1:
@@ -225,8 +235,10 @@ def draft_tree(opts: TreeOptions, logits: torch.Tensor, expand_logits: Expand, m
         tokens, parents = grow_dynamic(root, expand, opts.topk, opts.budget or DYNAMIC_BUDGET, depth, ctx.eos_ids)
         return Draft(tokens, None, parents)
     sampled = opts.kind == "sampled" and not ctx.sampling.greedy
+    coupled = ctx.noise is not None and not ctx.sampling.greedy  # every shaped tree draws with the coupled noise
     tokens, parents, qs = grow_shaped(root, expand, opts.shape[:depth], opts.budget or 1 << 30, ctx.eos_ids,
-                                      ctx.generator if sampled else None)
+                                      ctx.generator if sampled else None,
+                                      (lambda d: ctx.gumbel(d, root.shape[-1])) if coupled else None)
     if not sampled:
         return Draft(tokens, None, parents)
     return Draft(tokens, torch.stack(qs) if qs else None, parents)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from draftwise.arms import Arm
+from draftwise.coupling import coupled_scores
 from draftwise.drafters import Draft, Drafter, make_stop_rule
 from draftwise.engine import evaluation
 from draftwise.engine.query import QuerySettings, QueryState, new_query
@@ -22,8 +23,8 @@ from draftwise.engine.routing import PromptFit, prompt_prior, route
 from draftwise.engine.white_box import HiddenStateFeed
 from draftwise.policies import Policy
 from draftwise.trace import RoundRecord
-from draftwise.tree import TreeVerdict, fit_tree, verify_tree_greedy, verify_tree_sampling
-from draftwise.verify import Verdict, verify_greedy, verify_sampling, warp
+from draftwise.tree import TreeVerdict, fit_tree, tree_depths, verify_tree_greedy, verify_tree_sampling
+from draftwise.verify import Verdict, acceptance_probs, verify_greedy, verify_sampling, warp
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,7 @@ class Engine:
         does before its target forward."""
         t0 = time.perf_counter()
         key = None
+        query.dctx.position = len(query.context)  # coupled sampling: where this round's draft starts
         if arm_index is None:
             arm_index, key = self._select(query)
         t1 = time.perf_counter()
@@ -221,24 +223,40 @@ class Engine:
 
     def _judge(self, query: QueryState, draft: Draft, logits: torch.Tensor) -> Verified:
         """3. verify the whole draft (chain or tree) against the target's rows; they come back
-        along the verified path (row j = the target at verified position j)."""
+        along the verified path (row j = the target at verified position j). Greedy and coupled
+        sampling accept while the draft equals the target's choice (its argmax, or its Gumbel-max
+        with the query's noise); rejection sampling accepts by chance against the drafter's q."""
         sampling, generator = query.settings.sampling, query.dctx.generator
-        if draft.parents is None:
-            if sampling.greedy:
-                verdict = verify_greedy(draft.tokens, logits)
-                return Verified(verdict, draft.tokens[: verdict.accepted], logits, None)
+        probs = None if sampling.greedy else warp(logits, sampling)
+        if probs is not None and query.dctx.noise is None:
             assert generator is not None, "every sampled query has its generator"
-            probs = warp(logits, sampling)
+            return self._judge_by_rejection(draft, logits, probs, generator)
+        scores = logits if probs is None else self._coupled_scores(query, draft, probs)
+        if draft.parents is None:
+            verdict = verify_greedy(draft.tokens, scores)
+            if probs is not None:  # the learners' signal stays the divergence (1 − TV, p(x̂)) under both schemes
+                verdict = replace(verdict, accept_probs=acceptance_probs(draft.tokens, probs, draft.probs).tolist())
+            return Verified(verdict, draft.tokens[: verdict.accepted], logits, probs)
+        return _along_path(draft, verify_tree_greedy(draft.tokens, draft.parents, scores), logits, probs)
+
+    @staticmethod
+    def _judge_by_rejection(draft: Draft, logits: torch.Tensor, probs: torch.Tensor,
+                            generator: torch.Generator) -> Verified:
+        """Classic speculative sampling (chain) or recursive rejection sampling (tree)."""
+        if draft.parents is None:
             verdict = verify_sampling(draft.tokens, draft.probs, probs, generator)
             return Verified(verdict, draft.tokens[: verdict.accepted], logits, probs)
-        if sampling.greedy:
-            tree_verdict = verify_tree_greedy(draft.tokens, draft.parents, logits)
-            return Verified(tree_verdict, [draft.tokens[i] for i in tree_verdict.path], logits[tree_verdict.rows], None)
-        assert generator is not None, "every sampled query has its generator"
-        probs = warp(logits, sampling)
-        tree_verdict = verify_tree_sampling(draft.tokens, draft.parents, draft.probs, probs, generator)
-        return Verified(tree_verdict, [draft.tokens[i] for i in tree_verdict.path], logits[tree_verdict.rows],
-                        probs[tree_verdict.rows])
+        return _along_path(draft, verify_tree_sampling(draft.tokens, draft.parents, draft.probs, probs, generator),
+                           logits, probs)
+
+    @staticmethod
+    def _coupled_scores(query: QueryState, draft: Draft, probs: torch.Tensor) -> torch.Tensor:
+        """``log p + g`` per verified row, g the noise at the position that row's token takes (a
+        chain's row j: the context length + j; a tree's node row: one past the node's depth)."""
+        assert query.dctx.noise is not None
+        start = len(query.context)
+        offsets = range(len(draft.tokens) + 1) if draft.parents is None else [0, *tree_depths(draft.parents)]
+        return coupled_scores(probs, query.dctx.noise.rows([start + o for o in offsets], probs.shape[-1]))
 
     def _accept(self, query: QueryState, arm_index: int, draft: Draft, verified: Verified) -> list[int]:
         """4. accept: the accepted draft plus the target's token, cut at EOS or a stop string."""
@@ -252,6 +270,8 @@ class Engine:
             new, query.stopped_by = new[: eos + 1], "eos"
         before = len(query.context)
         query.context.extend(new)
+        if query.dctx.noise is not None:
+            query.dctx.noise.forget_before(len(query.context))
         check = query.settings.stop_check
         if check is not None and query.stopped_by is None:
             keep = check(query.context[query.prompt_len :], len(new))
@@ -288,3 +308,10 @@ class Engine:
         arm = self.arms[arm_index]
         drafter = query.arm_drafter[arm_index]
         return f"{arm.name}={self.drafters[drafter].name}" if arm.route and drafter is not None else arm.name
+
+
+def _along_path(draft: Draft, verdict: TreeVerdict, logits: torch.Tensor, probs: torch.Tensor | None) -> Verified:
+    """A tree's verdict with the target's rows along the accepted path."""
+    rows = verdict.rows
+    path_probs = None if probs is None else probs[rows]
+    return Verified(verdict, [draft.tokens[i] for i in verdict.path], logits[rows], path_probs)

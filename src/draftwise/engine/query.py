@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from draftwise.coupling import PositionNoise
 from draftwise.drafters import DraftContext, StopRule
 from draftwise.trace import RoundRecord
 from draftwise.verify import Sampling
@@ -74,5 +75,9 @@ class QueryState:
 
 def new_query(prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator | None,
               arm_drafter: list[int | None], routed: list[int], rules: list[StopRule | None]) -> QueryState:
-    return QueryState(list(prompt), len(prompt), settings, DraftContext(settings.sampling, generator, settings.eos_ids),
-                      list(arm_drafter), list(routed), rules)
+    noise = None
+    if settings.sampling.coupled and not settings.sampling.greedy:
+        assert generator is not None, "every sampled query has its generator"
+        noise = PositionNoise(generator.initial_seed(), generator.device)
+    dctx = DraftContext(settings.sampling, generator, settings.eos_ids, noise)
+    return QueryState(list(prompt), len(prompt), settings, dctx, list(arm_drafter), list(routed), rules)

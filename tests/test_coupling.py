@@ -1,0 +1,84 @@
+"""Coupled sampling (the default scheme): one seed gives one text, whatever drafted it.
+
+The distribution tests live with the other sampling tests (``test_lossless_sampling``,
+``test_trees``: both schemes). Here: a sampled generation equals plain decoding with the same seed
+token for token — for LM chains, lookups, sampled and dynamic trees, learning policies that keep
+state across calls and learn from the clock, alone or in a batch — while under rejection sampling
+it does not (the property is not free), and the noise itself is stable.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from test_batch import _generator, _spec
+
+from draftwise import Generator
+from draftwise.coupling import PositionNoise, gumbel_row
+from draftwise.errors import DraftwiseError
+
+POOLS = {
+    # name: (drafters, policy)
+    "lm-chain": (["llama-near", "llama-small"], "ucb"),
+    "lookups-default": (["pld", "suffix", "llama-near"], "ctx-ucb"),  # keeps state, learns from the clock
+    "sampled-tree": (["lm:model=llama-near,tree=sampled,shape=2x2x1", "pld"], "hedgespec"),
+    "dynamic-tree": (["lm:model=llama-near,tree=dynamic,topk=2,budget=6"], "fixed:0"),
+}
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    rng = random.Random(5)
+    motif = [rng.randrange(1, vocab) for _ in range(6)]
+    return [(motif * 5)[:23], [rng.randrange(1, vocab) for _ in range(9)], (motif * 3)[:14]]
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_the_seed_decides_the_text(tiny_models, pool: str) -> None:
+    specs, policy = POOLS[pool]
+    gen = _generator(tiny_models, "llama-target", [_spec(tiny_models, s) for s in specs], policy)
+    plain = Generator(gen.model, gen.tokenizer, [], policy="fixed")
+    prompts = _prompts(gen.target.vocab_size)
+    kw = dict(max_new_tokens=40, temperature=0.9, top_p=0.95, ignore_eos=True)
+    accepted = 0
+    for seed in (1, 2):
+        want = [plain.generate(p, seed=seed, **kw).token_ids for p in prompts]
+        for _ in range(3):  # the same Generator again: its learner has moved on, the text must not
+            got = [gen.generate(p, seed=seed, **kw) for p in prompts]
+            assert [r.token_ids for r in got] == want
+            accepted += sum(r.stats.accepted for r in got)
+        batched = gen.generate_batch(prompts, seed=seed, batch_size=2, **kw)
+        assert [r.token_ids for r in batched] == want
+    assert accepted > 0  # drafts were really accepted (not a run of plain steps)
+
+
+def test_rejection_sampling_texts_depend_on_the_drafts(tiny_models) -> None:
+    """The control: classic speculative sampling draws the same distribution, not the same text."""
+    gen = _generator(tiny_models, "llama-target", [str(tiny_models["llama-near"])], "fixed:0", sampling="rejection")
+    plain = Generator(gen.model, gen.tokenizer, [], policy="fixed", sampling="rejection")
+    prompts = _prompts(gen.target.vocab_size)
+    kw = dict(max_new_tokens=40, temperature=0.9, ignore_eos=True)
+    same = [gen.generate(p, seed=s, **kw).token_ids == plain.generate(p, seed=s, **kw).token_ids
+            for p in prompts for s in range(3)]
+    assert not all(same)
+
+
+def test_the_noise_is_fixed_by_seed_and_position() -> None:
+    assert np.array_equal(gumbel_row(7, 100, 50), gumbel_row(7, 100, 80)[:50])  # prefix-stable
+    assert not np.array_equal(gumbel_row(7, 100, 50), gumbel_row(7, 101, 50))
+    assert not np.array_equal(gumbel_row(7, 100, 50), gumbel_row(8, 100, 50))
+    # standard Gumbel: mean ≈ Euler–Mascheroni 0.5772, variance π²/6
+    big = gumbel_row(1, 0, 200_000)
+    assert abs(big.mean() - 0.5772) < 0.01 and abs(big.var() - np.pi ** 2 / 6) < 0.03
+    noise = PositionNoise(7, "cpu")
+    assert torch.equal(noise.row(100, 50), torch.from_numpy(gumbel_row(7, 100, 50).astype(np.float32)))
+    assert noise.rows([3, 4], 10).shape == (2, 10)
+    noise.forget_before(4)
+    assert sorted(noise._rows) == [4, 100]
+
+
+def test_an_unknown_scheme_is_one_clear_error(tiny_models) -> None:
+    with pytest.raises(DraftwiseError, match="sampling must be one of coupled, rejection"):
+        _generator(tiny_models, "llama-target", ["pld"], "fixed:0", sampling="gumbel")
