@@ -156,6 +156,24 @@ def test_every_sequence_of_a_batch_is_its_own_greedy_decoding(tiny_models, setup
     assert accepted > 0  # drafts were really accepted inside batches (the accept path is exercised)
 
 
+def test_union_and_expected_gain_arms_alone_and_in_a_batch(tiny_models) -> None:
+    """A union of lookups (one trie per round) and the expected-gain stopping rule stay exact."""
+    gen = _generator(tiny_models, "llama-target", ["pld", "suffix", str(tiny_models["llama-near"])],
+                     "ctx-ucb:on=pld+suffix", arms="pld|suffix@8,auto@8+gain,none")
+    rng = random.Random(11)
+    vocab = gen.target.vocab_size
+    motif = [rng.randrange(1, vocab) for _ in range(7)]
+    prompts = [(motif * 6)[: 12 + 5 * i] if i % 2 else [rng.randrange(1, vocab) for _ in range(9)] for i in range(6)]
+    arms: set[str] = set()
+    for prompt in prompts[:3]:
+        result = gen.generate(prompt, max_new_tokens=40, ignore_eos=True)
+        assert_exact(gen.model, prompt, result.token_ids, 40, frozenset(), "union alone")
+        arms |= {r.arm_name.split("=")[0] for r in result.trace if r.drafted}
+    for prompt, result in zip(prompts, gen.generate_batch(prompts, max_new_tokens=40, batch_size=3, ignore_eos=True)):
+        assert_exact(gen.model, prompt, result.token_ids, 40, frozenset(), "union batched")
+    assert "pld|suffix@8" in arms  # the union really drafted
+
+
 def test_white_box_heads_in_a_batch(heads_dir, llama) -> None:  # noqa: F811
     target, _ = llama
     text = json.loads((heads_dir / "text.json").read_text())

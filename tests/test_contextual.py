@@ -124,6 +124,17 @@ def test_cascade_layout_and_the_routed_arm_parse(pool) -> None:
     ruled = build_arms("auto@6+heuristic:up=1,none", drafters, ArmSettings())[0]
     assert (ruled.name, ruled.stop, ruled.route, ruled.draft_len) == (
         "auto@6+heuristic:up=1", "heuristic:up=1", (2, 3), 6)
+    union = build_arms("pld|suffix@8,auto@8+gain,none", drafters, ArmSettings())
+    assert (union[0].drafter, union[0].also, union[0].draft_len) == (0, (1,), 8) and union[1].stop == "gain"
+    with pytest.raises(DraftwiseError, match="a union joins lookup drafters"):
+        build_arms(f"pld|{drafters[2].name}@4", drafters, ArmSettings())
+    with pytest.raises(DraftwiseError, match="not to a union"):
+        build_arms("pld|suffix@4+svip", drafters, ArmSettings())
+    with pytest.raises(DraftwiseError, match="distinct lookups"):
+        build_arms("pld|pld@4", drafters, ArmSettings())
+    # the rule prior reads a union as a lookup arm: it leads where one of its lookups proposes
+    policy = make_policy("ctx-ucb:on=pld+suffix", ["pld|suffix@8", "auto@4", "none"], np.random.default_rng(0))
+    assert policy.leader((False, True)) == 0 and policy.leader((False, False)) == 1
 
 
 def test_routed_arm_drafts_with_the_drafter_that_predicts_the_prompt(pool) -> None:

@@ -21,11 +21,12 @@ from draftwise.coupling import PositionNoise, gumbel_row
 from draftwise.errors import DraftwiseError
 
 POOLS = {
-    # name: (drafters, policy)
-    "lm-chain": (["llama-near", "llama-small"], "ucb"),
-    "lookups-default": (["pld", "suffix", "llama-near"], "ctx-ucb"),  # keeps state, learns from the clock
-    "sampled-tree": (["lm:model=llama-near,tree=sampled,shape=2x2x1", "pld"], "hedgespec"),
-    "dynamic-tree": (["lm:model=llama-near,tree=dynamic,topk=2,budget=6"], "fixed:0"),
+    # name: (drafters, policy, arms)
+    "lm-chain": (["llama-near", "llama-small"], "ucb", None),
+    "lookups-default": (["pld", "suffix", "llama-near"], "ctx-ucb", None),  # keeps state, learns from the clock
+    "sampled-tree": (["lm:model=llama-near,tree=sampled,shape=2x2x1", "pld"], "hedgespec", None),
+    "dynamic-tree": (["lm:model=llama-near,tree=dynamic,topk=2,budget=6"], "fixed:0", None),
+    "union-gain": (["pld", "suffix", "llama-near"], "ctx-ucb:on=pld+suffix", "pld|suffix@8,auto@8+gain,none"),
 }
 
 
@@ -37,8 +38,8 @@ def _prompts(vocab: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("pool", sorted(POOLS))
 def test_the_seed_decides_the_text(tiny_models, pool: str) -> None:
-    specs, policy = POOLS[pool]
-    gen = _generator(tiny_models, "llama-target", [_spec(tiny_models, s) for s in specs], policy)
+    specs, policy, arms = POOLS[pool]
+    gen = _generator(tiny_models, "llama-target", [_spec(tiny_models, s) for s in specs], policy, arms=arms)
     plain = Generator(gen.model, gen.tokenizer, [], policy="fixed")
     prompts = _prompts(gen.target.vocab_size)
     kw = dict(max_new_tokens=40, temperature=0.9, top_p=0.95, ignore_eos=True)

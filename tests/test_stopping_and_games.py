@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from draftwise.drafters import DraftContext, LMDrafter, make_stop_rule
-from draftwise.drafters.stopping import adaedl_threshold, entropy
+from draftwise.drafters.stopping import RoundCostFit, adaedl_threshold, draft_pays, entropy
 from draftwise.feedback import acceptance_loss
 from draftwise.policies.delayed import TokenGame
 
@@ -115,6 +115,60 @@ def test_heuristic_follows_transformers_schedule() -> None:
     assert [rule.should_stop(SCRIPT[0], step) for step in (0, 1)] == [False, True]
     with pytest.raises(Exception, match="start ≥ 1"):
         make_stop_rule("heuristic:start=0")
+
+
+def test_gain_drafts_while_the_expected_rate_rises_and_learns_costs_and_calibration() -> None:
+    """The expected-throughput rule: long drafts while the drafter is sure and verifying is cheap,
+    the first doubtful token stops them once verification is dear; it learns both from rounds."""
+    assert draft_pays(1.0, 1.0, 0.9, 1, 0.001, 0.005, 0.0)
+    assert not draft_pays(1.0, 1.0, 0.05, 1, 0.001, 0.005, 0.002)
+    cheap = make_stop_rule("gain")
+    cheap.costs = RoundCostFit(draft_s=1e-5, verify_s=5e-3, per_token_s=1e-5)  # a GPU at batch 1
+    assert _drafted_with(cheap) == len(SCRIPT)  # every token is worth its (tiny) cost
+    dear = make_stop_rule("gain")
+    dear.costs = RoundCostFit(draft_s=2e-3, verify_s=5e-3, per_token_s=2e-3)  # drafting and verifying cost
+    assert 1 <= _drafted_with(dear) < len(SCRIPT)
+    # calibration: a confident drafter that is always rejected stops being believed
+    rule = make_stop_rule("gain")
+    before = rule.hits / rule.tries
+    for _ in range(30):
+        rule.start_draft()
+        for step in range(3):
+            rule.should_stop(SCRIPT[0], step)
+        rule.after_round(drafted=3, accepted=0)
+    after = rule.hits / rule.tries
+    top = rule._bin(float(SCRIPT[0].max()))
+    assert after[top] < 0.1 < before[top]
+    # costs: the fit follows what the rounds measure (2 ms per drafted token, 4 ms + 1 ms per token)
+    fit = RoundCostFit()
+    for n in [1, 2, 3, 4, 5, 6] * 40:
+        fit.add(n, 0.002 * n, 0.004 + 0.001 * n)
+    assert fit.draft_s == pytest.approx(0.002, rel=0.02)
+    assert fit.verify_s == pytest.approx(0.004, rel=0.05) and fit.per_token_s == pytest.approx(0.001, rel=0.05)
+    with pytest.raises(Exception, match="bins ≥ 1"):
+        make_stop_rule("gain:bins=0")
+
+
+def _drafted_with(rule) -> int:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tiny = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                                        num_attention_heads=1, num_key_value_heads=1))
+    drafter = LMDrafter(tiny, name="scripted")
+    drafter.lm = ScriptedLM()
+    return len(drafter.propose([1, 2], len(SCRIPT), DraftContext(), rule).tokens)
+
+
+def test_a_lasting_rule_is_kept_across_queries(tiny_models) -> None:
+    from draftwise import Generator
+
+    gen = Generator.from_pretrained(str(tiny_models["llama-target"]), [str(tiny_models["llama-near"])],
+                                    policy="fixed:0", arms="llama-near@6+gain")
+    gen.generate([5, 6, 7, 8, 9, 5, 6, 7], max_new_tokens=20, ignore_eos=True)
+    rule = gen.engine.last_query.rules[0]
+    seen = float(rule.tries.sum())
+    gen.generate([9, 8, 7, 6, 5, 9, 8, 7], max_new_tokens=20, ignore_eos=True)
+    assert gen.engine.last_query.rules[0] is rule and float(rule.tries.sum()) > seen
 
 
 def test_token_and_chunk_games_see_the_same_total_acceptance_loss() -> None:

@@ -10,7 +10,8 @@ Layouts (``--arms``):
 * ``cascade`` — draftwise's own: one lookup drafter with long drafts, one *routed* arm over the
   model drafters (which one is picked per query by how well each predicts the prompt), and no
   speculation; made for the ``ctx-ucb`` policy (the default);
-* an explicit list ``code@6+svip,pld@3,none`` (``DRAFTER[@LEN][+RULE]``; ``auto@4`` is the routed arm).
+* an explicit list ``code@6+svip,pld@3,none`` (``DRAFTER[@LEN][+RULE]``; ``auto@4`` is the routed arm;
+  ``pld|suffix@8`` is a union of lookups: each proposes, one trie of their drafts is verified).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ class Arm:
     # A routed arm: the engine picks its drafter among these at the start of each query, by
     # each one's top-1 accuracy on the prompt (``drafter`` is then only the first candidate).
     route: tuple[int, ...] = ()
+    # A union arm (``pld|suffix@8``): these lookups propose too, and their drafts are merged with
+    # the first drafter's into one trie (draftwise.tree.union_of), verified in the same forward.
+    also: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,10 @@ def parse_arm(text: str, drafters: Sequence[Drafter], settings: ArmSettings) -> 
         if routed is None or length < 1:
             raise DraftwiseError(f"arm {text!r}: the routed arm needs a model drafter in the pool and a length ≥ 1")
         return routed
+    if "|" in name:
+        if plus:
+            raise DraftwiseError(f"arm {text!r}: stopping rules apply to model drafters, not to a union of lookups")
+        return _union_arm(text, name, length_text if at else None, drafters, settings)
     index = _find(drafters, name)
     if index is None:
         raise DraftwiseError(f"arm {text!r}: no drafter {name!r}; drafters are: {', '.join(d.name for d in drafters)}")
@@ -190,6 +198,25 @@ def parse_arm(text: str, drafters: Sequence[Drafter], settings: ArmSettings) -> 
     if length == 0:
         return Arm(NONE, None, 0)
     return Arm(text, index, length, stop if plus else None)
+
+
+def _union_arm(text: str, names: str, length_text: str | None, drafters: Sequence[Drafter],
+               settings: ArmSettings) -> Arm:
+    """``pld|suffix@8``: lookups (point masses) only — a model drafter's draft is a distribution."""
+    indices = []
+    for name in names.split("|"):
+        index = _find(drafters, name)
+        if index is None or isinstance(drafters[index], ModelDrafter):
+            lookups = ", ".join(d.name for d in drafters if not isinstance(d, ModelDrafter)) or "none"
+            raise DraftwiseError(f"arm {text!r}: a union joins lookup drafters in the pool ({lookups}), not {name!r}")
+        indices.append(index)
+    try:
+        length = int(length_text) if length_text is not None else settings.draft_len
+    except ValueError:
+        raise DraftwiseError(f"arm {text!r}: draft length {length_text!r} is not an integer") from None
+    if length < 1 or len(set(indices)) != len(indices):
+        raise DraftwiseError(f"arm {text!r}: a union needs distinct lookups and a length ≥ 1")
+    return Arm(text, indices[0], length, None, also=tuple(indices[1:]))
 
 
 def _find(drafters: Sequence[Drafter], name: str) -> int | None:

@@ -362,6 +362,35 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+def union_of(drafts: Sequence[Draft]) -> Draft:
+    """Point-mass drafts (chains or trees) merged into one trie: shared prefixes once, each
+    distinct continuation a branch; a single path comes back as a chain. Verification then accepts
+    the longest branch the target agrees with, so several lookups cost one forward per round.
+
+    >>> union_of([Draft([1, 2, 3]), Draft([1, 2])]).tokens
+    [1, 2, 3]
+    >>> d = union_of([Draft([1, 2, 3]), Draft([1, 4])])
+    >>> d.tokens, d.parents
+    ([1, 2, 3, 4], [-1, 0, 1, 0])
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    index: dict[tuple[int, int], int] = {}  # (parent node, token) → node
+    for draft in drafts:
+        own = draft.parents if draft.parents is not None else [ROOT + i for i in range(len(draft.tokens))]
+        mapped: list[int] = []
+        for token, parent in zip(draft.tokens, own):
+            key = (ROOT if parent == ROOT else mapped[parent], token)
+            if key not in index:
+                index[key] = len(tokens)
+                tokens.append(token)
+                parents.append(key[0])
+            mapped.append(index[key])
+    if all(parent == i - 1 for i, parent in enumerate(parents)):
+        return Draft(tokens)
+    return Draft(tokens, None, parents)
+
+
 def fit_tree(draft: Draft, max_depth: int) -> Draft:
     """A drafter's tree checked and cut to ``max_depth`` (the round's draft budget); an empty tree is an empty chain."""
     parents = draft.parents if draft.parents is not None else [ROOT + i for i in range(len(draft.tokens))]

@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from draftwise.errors import DraftwiseError
@@ -33,6 +35,7 @@ def top2(probs: torch.Tensor) -> tuple[float, float]:
 
 class StopRule(ABC):
     name: str = "rule"
+    lasting: bool = False  # kept across a generator's queries (else a fresh rule per query)
 
     def start_draft(self) -> None:
         """A new draft begins."""
@@ -48,6 +51,10 @@ class StopRule(ABC):
     def after_round(self, drafted: int, accepted: int, next_token: int | None = None) -> None:
         """Verification accepted ``accepted`` of ``drafted`` draft tokens, then the target chose
         ``next_token`` (its token at the position where drafting stopped, if all were accepted)."""
+
+    def after_costs(self, drafted: int, draft_s: float, verify_s: float) -> None:
+        """The round drafted ``drafted`` tokens in ``draft_s`` and verified them in ``verify_s`` (its
+        share of a batched forward): for rules that weigh what drafting costs."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"rule": self.name}
@@ -140,6 +147,114 @@ class Heuristic(StopRule):
 
     def state_dict(self) -> dict[str, Any]:
         return {"rule": self.name, "k": self.k}
+
+
+def draft_pays(expected: float, survival: float, accept: float, drafted: int, draft_s: float, verify_s: float,
+               verify_per_token_s: float) -> bool:
+    """Whether drafting one more token raises the round's expected tokens per second.
+
+    ``expected`` tokens (1 + Σ survival so far: the target's own token always counts) over
+    ``drafted`` tokens; the next one survives with ``survival × accept``. Time: ``draft_s`` per
+    drafted token plus a verification of ``verify_s + verify_per_token_s × drafted``.
+
+    >>> draft_pays(1.0, 1.0, 0.9, 0, 0.001, 0.005, 0.001)   # a likely token, cheap to draft and verify
+    True
+    >>> draft_pays(2.0, 0.3, 0.2, 2, 0.001, 0.005, 0.001)   # an unlikely one after two
+    False
+    """
+    now = expected / (draft_s * drafted + verify_s + verify_per_token_s * drafted)
+    more = (expected + survival * accept) / (draft_s * (drafted + 1) + verify_s + verify_per_token_s * (drafted + 1))
+    return more > now
+
+
+@dataclass
+class RoundCostFit:
+    """A round's seconds as ``draft_s × n`` (n drafted tokens) plus ``verify_s + per_token_s × n``,
+    fitted online (exponential forgetting) from the rounds this arm played, starting from a prior
+    worth ``prior`` rounds (the zoo on this project's 2-core CPU: 1 ms per drafted token, 5 ms for a
+    plain step, +0.75 ms per verified draft token); any device replaces it within tens of rounds."""
+
+    draft_s: float = 1e-3
+    verify_s: float = 5e-3
+    per_token_s: float = 7.5e-4
+    prior: float = 4.0
+    forget: float = 0.98
+
+    def __post_init__(self) -> None:
+        # weighted sums: drafting (Σw·n, Σw·draft_s); verification vs n (Σw, Σw·n, Σw·n², Σw·v, Σw·n·v)
+        self.sums = np.zeros(7)
+        for n in (1, 4):  # the prior as observations at two lengths (a line needs two)
+            self.add(n, self.draft_s * n, self.verify_s + self.per_token_s * n, self.prior / 2)
+
+    def add(self, n: int, draft_s: float, verify_s: float, weight: float = 1.0) -> None:
+        self.sums *= self.forget
+        self.sums += weight * np.array([n, draft_s, 1.0, n, n * n, verify_s, n * verify_s])
+        dn, dt, w, sn, snn, sv, snv = self.sums
+        self.draft_s = max(dt / dn, 0.0) if dn > 0 else self.draft_s
+        spread = w * snn - sn * sn
+        if spread > 1e-12:  # least squares v = a + b·n, kept non-negative
+            self.per_token_s = max((w * snv - sn * sv) / spread, 0.0)
+            self.verify_s = max((sv - self.per_token_s * sn) / w, 1e-6)
+
+
+@STOP_RULES.register("gain")
+class ExpectedGain(StopRule):
+    """Draft the next token only while it raises the round's expected tokens per second (ours).
+
+    Before each position the rule knows the drafter's confidence there (its top probability); a
+    calibration learned online turns that into the chance the target accepts the token (per
+    confidence bin, smoothed toward the confidence itself), the chances into the expected accepted
+    length, and a cost model fitted to the arm's measured rounds (:class:`RoundCostFit`) into the
+    round's time. It stops as soon as one more token would lower expected tokens / time — so drafts
+    run long while the drafter is sure and verifying is cheap, and stop at the first doubtful
+    token where verification is costly (a CPU, a large batch). What it learns is kept across the
+    queries of a generator (``lasting``).
+    """
+
+    lasting = True
+
+    def __init__(self, *, bins: int = 10, prior: float = 2.0) -> None:
+        if bins < 1 or prior <= 0:
+            raise DraftwiseError(f"gain: need bins ≥ 1 and prior > 0 (got bins={bins}, prior={prior})")
+        self.name, self.bins = "gain", bins
+        centers = (np.arange(bins) + 0.5) / bins
+        self.hits, self.tries = prior * centers, np.full(bins, prior)
+        self.costs = RoundCostFit()
+        self.start_draft()
+
+    def start_draft(self) -> None:
+        self.expected, self.survival = 1.0, 1.0
+        self.drafted_bins: list[int] = []  # the confidence bin of each token drafted this round
+
+    def _bin(self, confidence: float) -> int:
+        return min(int(confidence * self.bins), self.bins - 1)
+
+    def should_stop(self, probs: torch.Tensor, step: int) -> bool:
+        b = self._bin(float(probs.max()))
+        accept = float(self.hits[b] / self.tries[b])
+        c = self.costs
+        if step > 0 and not draft_pays(self.expected, self.survival, accept, step, c.draft_s, c.verify_s,
+                                       c.per_token_s):
+            return True
+        self.drafted_bins.append(b)
+        self.survival *= accept
+        self.expected += self.survival
+        return False
+
+    def after_round(self, drafted: int, accepted: int, next_token: int | None = None) -> None:
+        # positions after the first rejection were never judged: only those up to it teach
+        for i, b in enumerate(self.drafted_bins[: min(drafted, accepted + 1)]):
+            self.tries[b] += 1.0
+            self.hits[b] += float(i < accepted)
+
+    def after_costs(self, drafted: int, draft_s: float, verify_s: float) -> None:
+        if drafted > 0:
+            self.costs.add(drafted, draft_s, verify_s)
+
+    def state_dict(self) -> dict[str, Any]:
+        c = self.costs
+        return {"rule": self.name, "acceptance_by_confidence": (self.hits / self.tries).round(3).tolist(),
+                "draft_s": c.draft_s, "verify_s": c.verify_s, "verify_per_token_s": c.per_token_s}
 
 
 def adaedl_threshold(lam: float, rate: float, target: float, beta2: float, eps: float) -> float:

@@ -16,14 +16,14 @@ import torch
 
 from draftwise.arms import Arm
 from draftwise.coupling import coupled_scores
-from draftwise.drafters import Draft, Drafter, make_stop_rule
+from draftwise.drafters import Draft, Drafter, StopRule, make_stop_rule
 from draftwise.engine import evaluation
 from draftwise.engine.query import QuerySettings, QueryState, new_query
 from draftwise.engine.routing import PromptFit, prompt_prior, route
 from draftwise.engine.white_box import HiddenStateFeed
 from draftwise.policies import Policy
 from draftwise.trace import RoundRecord
-from draftwise.tree import TreeVerdict, fit_tree, tree_depths, verify_tree_greedy, verify_tree_sampling
+from draftwise.tree import TreeVerdict, fit_tree, tree_depths, union_of, verify_tree_greedy, verify_tree_sampling
 from draftwise.verify import Verdict, acceptance_probs, verify_greedy, verify_sampling, warp
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,7 @@ class Engine:
         # With a list here, every round's (context, arm, record) is kept for replay into another
         # learner (a batched query's learner is a copy; see draftwise.engine.batch).
         self.history: list[tuple[Hashable | None, int, RoundRecord]] | None = None
+        self.lasting_rules: dict[int, StopRule] = {}  # arm → a stopping rule that learns across queries
 
     # -- a query ------------------------------------------------------------------------------------
     def start(self, prompt: Sequence[int], settings: QuerySettings,
@@ -88,8 +89,7 @@ class Engine:
         """A new query: its state, its prompt's prefill and routing. Returns the state and the
         seconds spent on the target (a white-box prefill) and on the drafters (routing, prior)."""
         self.policy.begin_query()
-        # stopping rules with state (AdaEDL's threshold) start afresh each query, like the learners
-        rules = [make_stop_rule(arm.stop, self.policy.rng) if arm.stop else None for arm in self.arms]
+        rules = [self._stop_rule(a) for a in range(len(self.arms))]
         routed = [a for a, arm in enumerate(self.arms) if arm.route]
         query = new_query(prompt, settings, generator, [arm.drafter for arm in self.arms], routed, rules)
         self.last_query = query
@@ -103,6 +103,19 @@ class Engine:
             prompt_prior(self.prompt_fit, self.drafters, self.arms, self.policy, query.context, query.arm_drafter,
                          query.dctx)
         return query, prefill_s, time.perf_counter() - setup_start
+
+    def _stop_rule(self, arm_index: int) -> StopRule | None:
+        """The arm's stopping rule for a new query: stateful rules (AdaEDL's threshold) start afresh
+        each query, like the learners, unless they are ``lasting`` (what they learn carries over)."""
+        spec = self.arms[arm_index].stop
+        if not spec:
+            return None
+        if arm_index in self.lasting_rules:
+            return self.lasting_rules[arm_index]
+        rule = make_stop_rule(spec, self.policy.rng)
+        if rule.lasting:
+            self.lasting_rules[arm_index] = rule
+        return rule
 
     def run(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator | None) -> QueryOutcome:
         start = time.perf_counter()
@@ -183,6 +196,9 @@ class Engine:
             draft_s=planned.draft_s, verify_s=forward_s + time.perf_counter() - start, policy_s=planned.policy_s,
         )
         query.records.append(record)
+        rule = query.rules[arm_index]
+        if rule is not None:
+            rule.after_costs(record.drafted, record.draft_s, forward_s)
         if self.history is not None:
             self.history.append((planned.key, arm_index, record))
         self._feedback(query, record, before, new, verified)
@@ -215,6 +231,8 @@ class Engine:
         if drafter is None or budget <= 0:
             return Draft([]), budget
         draft = self.drafters[drafter].propose(query.context, budget, query.dctx, query.rules[arm_index])
+        if arm.also:  # a union of lookups: one trie of every proposal
+            draft = union_of([draft, *(self.drafters[i].propose(query.context, budget, query.dctx) for i in arm.also)])
         if draft.parents is not None:  # a tree: its depth (the accepted length) is what the budget bounds
             return fit_tree(draft, budget), budget
         if len(draft.tokens) > budget:  # a drafter must not exceed its budget; trim defensively

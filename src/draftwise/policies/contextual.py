@@ -108,9 +108,10 @@ class ContextualUCBPolicy(UCBPolicy):
         else the first model-drafter arm (a lookup without a proposal, or ``none``, drafts nothing)."""
         if key not in self.leaders:
             proposing = {name for name, has in zip(self.context_on, key or ()) if has}
-            drafters = [arm.split("@")[0].split("+")[0] for arm in self.arms]
-            lookup = next((i for i, d in enumerate(drafters) if d in proposing), None)
-            model = next((i for i, d in enumerate(drafters) if d not in self.context_on and d != NONE), None)
+            # an arm's drafters: ``pld@8`` → {pld}; a union ``pld|suffix@8`` → {pld, suffix}
+            drafters = [set(arm.split("@")[0].split("+")[0].split("|")) for arm in self.arms]
+            lookup = next((i for i, d in enumerate(drafters) if d & proposing), None)
+            model = next((i for i, d in enumerate(drafters) if not d & set(self.context_on) and NONE not in d), None)
             self.leaders[key] = lookup if lookup is not None else model
         return self.leaders[key]
 
