@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from draftwise.drafters import DraftContext, LMDrafter, make_stop_rule
-from draftwise.drafters.stopping import RoundCostFit, adaedl_threshold, draft_pays, entropy
+from draftwise.drafters.stopping import LineFit, RoundCostFit, adaedl_threshold, draft_pays, entropy
 from draftwise.feedback import acceptance_loss
 from draftwise.policies.delayed import TokenGame
 
@@ -120,13 +120,13 @@ def test_heuristic_follows_transformers_schedule() -> None:
 def test_gain_drafts_while_the_expected_rate_rises_and_learns_costs_and_calibration() -> None:
     """The expected-throughput rule: long drafts while the drafter is sure and verifying is cheap,
     the first doubtful token stops them once verification is dear; it learns both from rounds."""
-    assert draft_pays(1.0, 1.0, 0.9, 1, 0.001, 0.005, 0.0)
-    assert not draft_pays(1.0, 1.0, 0.05, 1, 0.001, 0.005, 0.002)
+    assert draft_pays(1.0, 1.0, 0.9, 1, 0.005, 0.0)
+    assert not draft_pays(1.0, 1.0, 0.05, 1, 0.005, 0.004)
     cheap = make_stop_rule("gain")
-    cheap.costs = RoundCostFit(draft_s=1e-5, verify_s=5e-3, per_token_s=1e-5)  # a GPU at batch 1
+    cheap.costs.draft, cheap.costs.verify = LineFit(1e-4, 1e-5, 1, 1), LineFit(5e-3, 1e-5, 1, 1)  # a GPU at batch 1
     assert _drafted_with(cheap) == len(SCRIPT)  # every token is worth its (tiny) cost
     dear = make_stop_rule("gain")
-    dear.costs = RoundCostFit(draft_s=2e-3, verify_s=5e-3, per_token_s=2e-3)  # drafting and verifying cost
+    dear.costs.draft, dear.costs.verify = LineFit(1e-3, 2e-3, 1, 1), LineFit(5e-3, 2e-3, 1, 1)  # dear per token
     assert 1 <= _drafted_with(dear) < len(SCRIPT)
     # calibration: a confident drafter that is always rejected stops being believed
     rule = make_stop_rule("gain")
@@ -139,12 +139,11 @@ def test_gain_drafts_while_the_expected_rate_rises_and_learns_costs_and_calibrat
     after = rule.hits / rule.tries
     top = rule._bin(float(SCRIPT[0].max()))
     assert after[top] < 0.1 < before[top]
-    # costs: the fit follows what the rounds measure (2 ms per drafted token, 4 ms + 1 ms per token)
+    # costs: the fit follows what the rounds measure (drafting 1 + 2 ms per token, verifying 4 + 1 ms per token)
     fit = RoundCostFit()
     for n in [1, 2, 3, 4, 5, 6] * 40:
-        fit.add(n, 0.002 * n, 0.004 + 0.001 * n)
-    assert fit.draft_s == pytest.approx(0.002, rel=0.02)
-    assert fit.verify_s == pytest.approx(0.004, rel=0.05) and fit.per_token_s == pytest.approx(0.001, rel=0.05)
+        fit.add(n, 0.001 + 0.002 * n, 0.004 + 0.001 * n)
+    assert fit.base_s == pytest.approx(0.005, rel=0.05) and fit.per_token_s == pytest.approx(0.003, rel=0.05)
     with pytest.raises(Exception, match="bins ≥ 1"):
         make_stop_rule("gain:bins=0")
 

@@ -149,52 +149,68 @@ class Heuristic(StopRule):
         return {"rule": self.name, "k": self.k}
 
 
-def draft_pays(expected: float, survival: float, accept: float, drafted: int, draft_s: float, verify_s: float,
-               verify_per_token_s: float) -> bool:
+def draft_pays(expected: float, survival: float, accept: float, drafted: int, base_s: float,
+               per_token_s: float) -> bool:
     """Whether drafting one more token raises the round's expected tokens per second.
 
     ``expected`` tokens (1 + Σ survival so far: the target's own token always counts) over
-    ``drafted`` tokens; the next one survives with ``survival × accept``. Time: ``draft_s`` per
-    drafted token plus a verification of ``verify_s + verify_per_token_s × drafted``.
+    ``drafted`` tokens; the next one survives with ``survival × accept``. A round of n drafted
+    tokens takes ``base_s + per_token_s × n`` (drafting and verifying together).
 
-    >>> draft_pays(1.0, 1.0, 0.9, 0, 0.001, 0.005, 0.001)   # a likely token, cheap to draft and verify
+    >>> draft_pays(1.0, 1.0, 0.9, 1, 0.005, 0.0005)   # a likely token, cheap to draft and verify
     True
-    >>> draft_pays(2.0, 0.3, 0.2, 2, 0.001, 0.005, 0.001)   # an unlikely one after two
+    >>> draft_pays(2.0, 0.3, 0.2, 2, 0.005, 0.002)    # an unlikely one after two, dear per token
     False
     """
-    now = expected / (draft_s * drafted + verify_s + verify_per_token_s * drafted)
-    more = (expected + survival * accept) / (draft_s * (drafted + 1) + verify_s + verify_per_token_s * (drafted + 1))
+    now = expected / (base_s + per_token_s * drafted)
+    more = (expected + survival * accept) / (base_s + per_token_s * (drafted + 1))
     return more > now
+
+
+class LineFit:
+    """y ≈ a + b·n by weighted least squares with exponential forgetting (b, a kept non-negative)."""
+
+    def __init__(self, a: float, b: float, prior: float, forget: float) -> None:
+        self.a, self.b, self.forget = a, b, forget
+        self.sums = np.zeros(5)  # Σw, Σw·n, Σw·n², Σw·y, Σw·n·y
+        for n in (1, 4):  # the prior as observations at two lengths (a line needs two)
+            self.add(n, a + b * n, prior / 2)
+
+    def add(self, n: int, y: float, weight: float = 1.0) -> None:
+        self.sums = self.sums * self.forget + weight * np.array([1.0, n, n * n, y, n * y])
+        w, sn, snn, sy, sny = self.sums
+        spread = w * snn - sn * sn
+        if spread > 1e-12:
+            self.b = max((w * sny - sn * sy) / spread, 0.0)
+            self.a = max((sy - self.b * sn) / w, 0.0)
 
 
 @dataclass
 class RoundCostFit:
-    """A round's seconds as ``draft_s × n`` (n drafted tokens) plus ``verify_s + per_token_s × n``,
-    fitted online (exponential forgetting) from the rounds this arm played, starting from a prior
-    worth ``prior`` rounds (the zoo on this project's 2-core CPU: 1 ms per drafted token, 5 ms for a
-    plain step, +0.75 ms per verified draft token); any device replaces it within tens of rounds."""
+    """A round of n drafted tokens: drafting ``a + b·n`` seconds, verifying ``a + b·n``, each fitted
+    online from the arm's measured rounds (n ≥ 1) and starting from a prior worth ``prior`` rounds:
+    the zoo on this project's 2-core CPU (BENCHMARKS.md, "Where the time goes": a drafter's first
+    token 0.64 ms and 0.22 ms each further; verifying 2 tokens 4.97 ms, 9 tokens 6.44 ms). Any other
+    device or load replaces the prior within tens of rounds."""
 
-    draft_s: float = 1e-3
-    verify_s: float = 5e-3
-    per_token_s: float = 7.5e-4
     prior: float = 4.0
     forget: float = 0.98
 
     def __post_init__(self) -> None:
-        # weighted sums: drafting (Σw·n, Σw·draft_s); verification vs n (Σw, Σw·n, Σw·n², Σw·v, Σw·n·v)
-        self.sums = np.zeros(7)
-        for n in (1, 4):  # the prior as observations at two lengths (a line needs two)
-            self.add(n, self.draft_s * n, self.verify_s + self.per_token_s * n, self.prior / 2)
+        self.draft = LineFit(4.2e-4, 2.2e-4, self.prior, self.forget)
+        self.verify = LineFit(4.76e-3, 2.1e-4, self.prior, self.forget)
 
-    def add(self, n: int, draft_s: float, verify_s: float, weight: float = 1.0) -> None:
-        self.sums *= self.forget
-        self.sums += weight * np.array([n, draft_s, 1.0, n, n * n, verify_s, n * verify_s])
-        dn, dt, w, sn, snn, sv, snv = self.sums
-        self.draft_s = max(dt / dn, 0.0) if dn > 0 else self.draft_s
-        spread = w * snn - sn * sn
-        if spread > 1e-12:  # least squares v = a + b·n, kept non-negative
-            self.per_token_s = max((w * snv - sn * sv) / spread, 0.0)
-            self.verify_s = max((sv - self.per_token_s * sn) / w, 1e-6)
+    def add(self, n: int, draft_s: float, verify_s: float) -> None:
+        self.draft.add(n, draft_s)
+        self.verify.add(n, verify_s)
+
+    @property
+    def base_s(self) -> float:
+        return self.draft.a + self.verify.a
+
+    @property
+    def per_token_s(self) -> float:
+        return self.draft.b + self.verify.b
 
 
 @STOP_RULES.register("gain")
@@ -233,8 +249,7 @@ class ExpectedGain(StopRule):
         b = self._bin(float(probs.max()))
         accept = float(self.hits[b] / self.tries[b])
         c = self.costs
-        if step > 0 and not draft_pays(self.expected, self.survival, accept, step, c.draft_s, c.verify_s,
-                                       c.per_token_s):
+        if step > 0 and not draft_pays(self.expected, self.survival, accept, step, c.base_s, c.per_token_s):
             return True
         self.drafted_bins.append(b)
         self.survival *= accept
@@ -254,7 +269,7 @@ class ExpectedGain(StopRule):
     def state_dict(self) -> dict[str, Any]:
         c = self.costs
         return {"rule": self.name, "acceptance_by_confidence": (self.hits / self.tries).round(3).tolist(),
-                "draft_s": c.draft_s, "verify_s": c.verify_s, "verify_per_token_s": c.per_token_s}
+                "round_base_s": c.base_s, "round_per_token_s": c.per_token_s}
 
 
 def adaedl_threshold(lam: float, rate: float, target: float, beta2: float, eps: float) -> float:
