@@ -48,6 +48,11 @@ def test_single_and_batched_queries_on_cuda_are_plain_greedy(tiny_models, setup:
     sampled = gen.generate_batch(prompts[:3], max_new_tokens=16, temperature=0.8, top_p=0.9, seed=[1, 2, 3],
                                  batch_size=3, decide=decide, ignore_eos=True)
     assert all(r.error is None and len(r.token_ids) == 16 for r in sampled)
+    # coupled sampling (the default): one seed, one text — the plain decoding's, alone or batched
+    plain = Generator(gen.model, gen.tokenizer, [], policy="fixed")
+    want = [plain.generate(p, max_new_tokens=16, temperature=0.8, top_p=0.9, seed=s, ignore_eos=True).token_ids
+            for p, s in zip(prompts[:3], [1, 2, 3])]
+    assert [r.token_ids for r in sampled] == want
 
 
 def test_the_zoo_on_cuda() -> None:

@@ -113,3 +113,12 @@ def test_always_wrong_drafter_is_still_lossless(tiny_models) -> None:
         assert result.token_ids == _reference(reference_model, prompt, max_new, None)
         assert result.stats.accepted == 0 and result.stats.mat == 1.0
         assert all(p == 0.0 for r in result.trace for p in r.accept_probs)
+
+
+def test_the_verifiers_max_indices_are_argmax_ties_included() -> None:
+    """verify_greedy reads ``max(-1).indices`` (cheaper than argmax on CPU): it must be argmax's
+    first maximal index, ties included, or greedy output would drift from plain decoding."""
+    gen = torch.Generator().manual_seed(0)
+    for vocab in (3, 50, 8192):
+        tied = torch.randint(0, 3, (64, vocab), generator=gen).float()  # many exact ties
+        assert torch.equal(tied.max(-1).indices, tied.argmax(-1))
