@@ -43,13 +43,7 @@ class ScriptedLM:
 
 
 def _drafted(rule_spec: str) -> int:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tiny = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-                                        num_attention_heads=1, num_key_value_heads=1))
-    drafter = LMDrafter(tiny, name="scripted")
-    drafter.lm = ScriptedLM()
-    return len(drafter.propose([1, 2], len(SCRIPT), DraftContext(), make_stop_rule(rule_spec)).tokens)
+    return _drafted_with(make_stop_rule(rule_spec))
 
 
 def _first_stop(condition) -> int:
@@ -149,6 +143,7 @@ def test_gain_drafts_while_the_expected_rate_rises_and_learns_costs_and_calibrat
 
 
 def _drafted_with(rule) -> int:
+    """Tokens the scripted drafter drafts under ``rule``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tiny = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
