@@ -201,14 +201,16 @@ def _first_branch(children: list[list[int]], row: int) -> list[int]:
     return rows
 
 
-def verify_tree_greedy(tokens: Sequence[int], parents: Sequence[int], target_logits: torch.Tensor) -> TreeVerdict:
+def verify_tree_greedy(tokens: Sequence[int], parents: Sequence[int], target_logits: torch.Tensor,
+                       choice: Sequence[int] | None = None) -> TreeVerdict:
     """Accept the longest root path whose tokens equal the target's argmax, then its next argmax.
 
     ``target_logits`` is (n + 1, V) in the row convention of this module. Levels record 1 when a
     child matched; after the path ends they continue down the first branch (conditioned on the
     draft, as the chain's per-position probabilities are).
     """
-    choice = target_logits.max(-1).indices.tolist()  # argmax's answer, cheaper (draftwise.verify.verify_greedy)
+    if choice is None:  # argmax's answer, cheaper (draftwise.verify.verify_greedy)
+        choice = target_logits.max(-1).indices.tolist()
     children = tree_children(parents)
     path: list[int] = []
     probs: list[float] = []

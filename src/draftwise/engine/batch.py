@@ -45,7 +45,7 @@ from draftwise.engine.query import QuerySettings, QueryState
 from draftwise.engine.routing import PromptFit
 from draftwise.policies import Policy, make_policy
 from draftwise.policies.base import replay
-from draftwise.step_costs import StepCostModel, StepShape, attribute
+from draftwise.step_costs import StepCostModel, StepShape, request_share
 from draftwise.trace import RoundRecord
 
 log = logging.getLogger(__name__)
@@ -183,14 +183,15 @@ class BatchEngine:
             plans.append(lane.engine.plan(lane.query, forced))
         inputs = [lane.engine.target_input(lane.query, plan.draft) for lane, plan in zip(lanes, plans)]
         forward_start = clock()
-        logits = self.target.run(inputs)
+        logits = self.target.run(inputs, argmax=any(lane.query.settings.sampling.greedy for lane in lanes))
         seconds = clock() - forward_start
         shape = StepShape(len(lanes), sum(len(plan.draft.tokens) for plan in plans), seconds)
         self.costs.observe(shape)
         records = []
+        scale = seconds / float(self.costs.coef @ shape.features())  # measured ÷ predicted step
         for lane, plan, rows in zip(lanes, plans, logits):
-            share = attribute(self.costs.coef, shape, len(plan.draft.tokens), 0.0, "seconds").verify
-            record = lane.engine.conclude(lane.query, plan, rows, share)
+            share = scale * request_share(self.costs.coef, shape.requests, len(plan.draft.tokens))  # its part
+            record = lane.engine.conclude(lane.query, plan, rows, share, lane.row.choices)
             if record.index == 0:
                 record.verify_s += lane.prefill_s
                 record.draft_s += lane.setup_s

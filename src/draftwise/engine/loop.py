@@ -181,12 +181,14 @@ class Engine:
             return self.target.chain_input(query.context + draft.tokens, len(draft.tokens) + 1)
         return self.target.tree_input(query.context, draft.tokens, draft.parents)
 
-    def conclude(self, query: QueryState, planned: Planned, logits: torch.Tensor, forward_s: float) -> RoundRecord:
+    def conclude(self, query: QueryState, planned: Planned, logits: torch.Tensor, forward_s: float,
+                 choices: list[int] | None = None) -> RoundRecord:
         """Judge the draft on the target's ``logits``, accept, record and learn: everything a round
-        does after its target forward (which took ``forward_s``, this query's share in a batch)."""
+        does after its target forward (which took ``forward_s``, this query's share in a batch;
+        ``choices``: the target's argmax per row when the batch computed them at once)."""
         start = time.perf_counter()
         draft, arm_index = planned.draft, planned.arm
-        verified = self._judge(query, draft, logits)
+        verified = self._judge(query, draft, logits, choices)
         before = len(query.context)
         new = self._accept(query, arm_index, draft, verified)
         record = RoundRecord(
@@ -239,7 +241,8 @@ class Engine:
             draft = Draft(draft.tokens[:budget], None if draft.probs is None else draft.probs[:budget])
         return draft, budget
 
-    def _judge(self, query: QueryState, draft: Draft, logits: torch.Tensor) -> Verified:
+    def _judge(self, query: QueryState, draft: Draft, logits: torch.Tensor,
+               choices: list[int] | None = None) -> Verified:
         """3. verify the whole draft (chain or tree) against the target's rows; they come back
         along the verified path (row j = the target at verified position j). Greedy and coupled
         sampling accept while the draft equals the target's choice (its argmax, or its Gumbel-max
@@ -250,12 +253,13 @@ class Engine:
             assert generator is not None, "every sampled query has its generator"
             return self._judge_by_rejection(draft, logits, probs, generator)
         scores = logits if probs is None else self._coupled_scores(query, draft, probs)
+        choice = choices if probs is None else None  # precomputed argmax: greedy only
         if draft.parents is None:
-            verdict = verify_greedy(draft.tokens, scores)
+            verdict = verify_greedy(draft.tokens, scores, choice)
             if probs is not None:  # the learners' signal stays the divergence (1 − TV, p(x̂)) under both schemes
                 verdict = replace(verdict, accept_probs=acceptance_probs(draft.tokens, probs, draft.probs).tolist())
             return Verified(verdict, draft.tokens[: verdict.accepted], logits, probs)
-        return _along_path(draft, verify_tree_greedy(draft.tokens, draft.parents, scores), logits, probs)
+        return _along_path(draft, verify_tree_greedy(draft.tokens, draft.parents, scores, choice), logits, probs)
 
     @staticmethod
     def _judge_by_rejection(draft: Draft, logits: torch.Tensor, probs: torch.Tensor,
