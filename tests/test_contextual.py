@@ -135,13 +135,6 @@ def test_cascade_layout_and_the_routed_arm_parse(pool) -> None:
     # the rule prior reads a union as a lookup arm: it leads where one of its lookups proposes
     policy = make_policy("ctx-ucb:on=pld+suffix", ["pld|suffix@8", "auto@4", "none"], np.random.default_rng(0))
     assert policy.leader((False, True)) == 0 and policy.leader((False, False)) == 1
-    # sampled queries are their own contexts: where no lookup proposes, ``none`` leads them
-    assert policy.leader((False, False, "sampled")) == 2 and policy.leader((False, False, "greedy")) == 1
-    assert policy.leader((True, False, "sampled")) == 0
-    model_led = make_policy("ctx-ucb:sampled_lead=model", ["pld@8", "auto@4", "none"], np.random.default_rng(0))
-    assert model_led.leader((False, "sampled")) == 1
-    with pytest.raises(DraftwiseError, match="sampled_lead must be one of none, model"):
-        make_policy("ctx-ucb:sampled_lead=pld", ["pld@8", "none"], np.random.default_rng(0))
 
 
 def test_routed_arm_drafts_with_the_drafter_that_predicts_the_prompt(pool) -> None:
@@ -172,7 +165,7 @@ def test_engine_tells_the_policy_whether_pld_matches(pool, monkeypatch) -> None:
     novel = list(range(2, 20))  # no repeated n-gram at first: PLD has nothing to propose
     result = gen.generate(novel, max_new_tokens=40, ignore_eos=True)
     assert len(seen) == result.stats.rounds
-    assert seen[0] == (False, "greedy")  # PLD has nothing; a greedy query (sampled ones are other contexts)
+    assert seen[0] == (False,)
     no_pld = Generator(model, tokenizer, [d for d in make() if d.name != "pld"], policy="ctx-ucb")
     seen.clear()
     no_pld.generate(novel, max_new_tokens=10, ignore_eos=True)
@@ -180,7 +173,7 @@ def test_engine_tells_the_policy_whether_pld_matches(pool, monkeypatch) -> None:
     both = Generator(model, tokenizer, [d for d in make() if d.name != "suffix"], policy="ctx-ucb:on=pld+suffix")
     seen.clear()
     both.generate(novel, max_new_tokens=10, ignore_eos=True)
-    assert seen and all(len(key) == 3 and key[1] is False for key in seen)  # one entry per named drafter + mode
+    assert seen and all(len(key) == 2 and key[1] is False for key in seen)  # one entry per named drafter
 
 
 def test_routed_arm_under_full_information_is_routed_before_round_one(pool, tiny_models) -> None:

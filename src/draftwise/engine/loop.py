@@ -218,11 +218,8 @@ class Engine:
         returns it and the context it was chosen in (None: no context)."""
         key = None
         if self.context_drafters:
-            flags: tuple[Hashable, ...] = tuple(
-                i is not None and bool(self.drafters[i].propose(query.context, 1, query.dctx).tokens)
-                for i in self.context_drafters)
-            mode = ("greedy" if query.settings.sampling.greedy else "sampled",) if self.policy.context_sampling else ()
-            key = (*flags, *mode)
+            key = tuple(i is not None and bool(self.drafters[i].propose(query.context, 1, query.dctx).tokens)
+                        for i in self.context_drafters)
             self.policy.set_context(key)
         return self.policy.select(), key
 

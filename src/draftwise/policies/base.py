@@ -42,7 +42,6 @@ class Policy(ABC):
     # Contextual learners: names of drafters whose having a proposal this round is the context
     # (the engine asks them before each ``select`` and calls ``set_context``).
     context_on: tuple[str, ...] = ()
-    context_sampling: bool = False  # the engine appends "sampled" / "greedy" to the context key
 
     def __init__(
         self,

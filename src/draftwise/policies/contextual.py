@@ -39,8 +39,6 @@ from draftwise.policies.ucb import UCBPolicy
 
 Context = tuple[Hashable, ...] | None
 NONE = "none"  # the no-speculation arm (draftwise.arms.NONE, not imported: policies run without torch)
-SAMPLED, GREEDY = "sampled", "greedy"  # the last entry of an engine's context key (context_sampling)
-SAMPLED_LEADS = (NONE, "model")  # what leads a sampled query's context where no lookup proposes
 
 
 @register_policy("ctx-ucb")
@@ -64,19 +62,10 @@ class ContextualUCBPolicy(UCBPolicy):
         decay: float = 0.5,
         lead: float = 4.0,
         lag: float = 0.5,
-        sampled_lead: str = "none",
         **common: Any,
     ) -> None:
         if lead < 0 or not 0.0 <= lag <= 1.0:
             raise DraftwiseError(f"ctx-ucb: need lead >= 0 and 0 <= lag <= 1 (got lead={lead}, lag={lag})")
-        if sampled_lead not in SAMPLED_LEADS:
-            raise DraftwiseError(
-                f"ctx-ucb: sampled_lead must be one of {', '.join(SAMPLED_LEADS)}, got {sampled_lead!r}")
-        # Sampled and greedy queries are separate contexts (the engine appends SAMPLED / GREEDY to
-        # the key): rewards differ between them, and under sampling a model drafter's token is
-        # accepted far less often, so where no lookup proposes the prior leads with ``none``.
-        self.sampled_lead = sampled_lead
-        self.context_sampling = True
         self.on = on
         self.context_on = tuple(name for name in on.split("+") if name)
         self.lead, self.lag = lead, lag
@@ -123,10 +112,7 @@ class ContextualUCBPolicy(UCBPolicy):
             drafters = [set(arm.split("@")[0].split("+")[0].split("|")) for arm in self.arms]
             lookup = next((i for i, d in enumerate(drafters) if d & proposing), None)
             model = next((i for i, d in enumerate(drafters) if not d & set(self.context_on) and NONE not in d), None)
-            plain = next((i for i, d in enumerate(drafters) if NONE in d), None)
-            sampled = SAMPLED in (key or ())[len(self.context_on):]
-            fallback = plain if sampled and self.sampled_lead == NONE and plain is not None else model
-            self.leaders[key] = lookup if lookup is not None else fallback
+            self.leaders[key] = lookup if lookup is not None else model
         return self.leaders[key]
 
     def evidence(self) -> tuple[list[float], list[float], float]:
