@@ -160,17 +160,14 @@ def parse_arm(text: str, drafters: Sequence[Drafter], settings: ArmSettings) -> 
 
     >>> from draftwise.drafters import PromptLookupDrafter
     >>> parse_arm("pld@3", [PromptLookupDrafter()], ArmSettings())
-    Arm(name='pld@3', drafter=0, draft_len=3, stop=None)
+    Arm(name='pld@3', drafter=0, draft_len=3, stop=None, route=(), also=())
     """
     if text == NONE:
         return Arm(NONE, None, 0)
     head, plus, stop = text.partition("+")
     name, at, length_text = head.partition("@")
     if name == AUTO and _find(drafters, AUTO) is None:
-        try:
-            length = int(length_text) if at else settings.draft_len
-        except ValueError:
-            raise DraftwiseError(f"arm {text!r}: draft length {length_text!r} is not an integer") from None
+        length = _length(text, length_text if at else None, settings.draft_len)
         if plus:
             validate_stop_spec(stop)
         routed = routed_arm(drafters, length, stop if plus else None)
@@ -189,10 +186,7 @@ def parse_arm(text: str, drafters: Sequence[Drafter], settings: ArmSettings) -> 
         if not isinstance(drafters[index], ModelDrafter):
             raise DraftwiseError(f"arm {text!r}: stopping rules apply to model drafters only (they judge its "
                                  f"distribution), not {name!r}")
-    try:
-        length = int(length_text) if at else (_stop_length(stop, settings) if plus else settings.draft_len)
-    except ValueError:
-        raise DraftwiseError(f"arm {text!r}: draft length {length_text!r} is not an integer") from None
+    length = _length(text, length_text if at else None, _stop_length(stop, settings) if plus else settings.draft_len)
     if length < 0:
         raise DraftwiseError(f"arm {text!r}: draft length must be ≥ 0")
     if length == 0:
@@ -210,13 +204,20 @@ def _union_arm(text: str, names: str, length_text: str | None, drafters: Sequenc
             lookups = ", ".join(d.name for d in drafters if not isinstance(d, ModelDrafter)) or "none"
             raise DraftwiseError(f"arm {text!r}: a union joins lookup drafters in the pool ({lookups}), not {name!r}")
         indices.append(index)
-    try:
-        length = int(length_text) if length_text is not None else settings.draft_len
-    except ValueError:
-        raise DraftwiseError(f"arm {text!r}: draft length {length_text!r} is not an integer") from None
+    length = _length(text, length_text, settings.draft_len)
     if length < 1 or len(set(indices)) != len(indices):
         raise DraftwiseError(f"arm {text!r}: a union needs distinct lookups and a length ≥ 1")
     return Arm(text, indices[0], length, None, also=tuple(indices[1:]))
+
+
+def _length(text: str, length_text: str | None, default: int) -> int:
+    """The arm's ``@LEN`` (``default`` without one), or one clear error for a length that is no integer."""
+    if length_text is None:
+        return default
+    try:
+        return int(length_text)
+    except ValueError:
+        raise DraftwiseError(f"arm {text!r}: draft length {length_text!r} is not an integer") from None
 
 
 def _find(drafters: Sequence[Drafter], name: str) -> int | None:

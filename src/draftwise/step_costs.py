@@ -27,6 +27,7 @@ the measured step split in proportion to the model's shares.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,6 +96,18 @@ def request_share(coef: np.ndarray, requests: int, drafted: int) -> float:
     return a / max(requests, 1) + b + c * drafted
 
 
+def measured_shares(coef: np.ndarray, shape: StepShape, drafted: Sequence[int]) -> list[float]:
+    """Each request's seconds of a measured step: the step's seconds split in proportion to the
+    predicted shares a/R + b + c·drafted (one prediction of the whole step for all of them).
+
+    >>> shares = measured_shares(np.array([0.004, 0.0, 0.001, 0.0]), StepShape(2, 4, 0.012), [0, 4])
+    >>> [round(s, 6) for s in shares]  # predicted 0.002 and 0.006 of 0.008; measured 1.5× that
+    [0.003, 0.009]
+    """
+    scale = shape.seconds / float(coef @ shape.features())
+    return [scale * request_share(coef, shape.requests, d) for d in drafted]
+
+
 @dataclass(frozen=True)
 class RoundTimes:
     """One request's round in the unit chosen: verification share and its own drafting."""
@@ -113,9 +126,9 @@ def attribute(coef: np.ndarray, shape: StepShape, extra: int, draft_s: float, un
     >>> round(attribute(coef, StepShape(4, 4, 0.008), 4, 0.0, "plain-step").verify, 6)  # at batch 4: 5×
     5.0
     """
-    share = request_share(coef, shape.requests, extra)
     if unit == "seconds":
-        return RoundTimes(shape.seconds * share / float(coef @ shape.features()), draft_s)
+        return RoundTimes(measured_shares(coef, shape, [extra])[0], draft_s)
+    share = request_share(coef, shape.requests, extra)
     plain = request_share(coef, shape.requests, 0)
     return RoundTimes(share / plain, draft_s / plain)
 

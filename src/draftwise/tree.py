@@ -364,6 +364,15 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+def chain_parents(n: int) -> list[int]:
+    """A chain of ``n`` tokens as a tree: each node's parent is the one before it.
+
+    >>> chain_parents(3)
+    [-1, 0, 1]
+    """
+    return [ROOT + i for i in range(n)]
+
+
 def union_of(drafts: Sequence[Draft]) -> Draft:
     """Point-mass drafts (chains or trees) merged into one trie: shared prefixes once, each
     distinct continuation a branch; a single path comes back as a chain. Verification then accepts
@@ -379,7 +388,7 @@ def union_of(drafts: Sequence[Draft]) -> Draft:
     parents: list[int] = []
     index: dict[tuple[int, int], int] = {}  # (parent node, token) → node
     for draft in drafts:
-        own = draft.parents if draft.parents is not None else [ROOT + i for i in range(len(draft.tokens))]
+        own = draft.parents if draft.parents is not None else chain_parents(len(draft.tokens))
         mapped: list[int] = []
         for token, parent in zip(draft.tokens, own):
             key = (ROOT if parent == ROOT else mapped[parent], token)
@@ -388,14 +397,14 @@ def union_of(drafts: Sequence[Draft]) -> Draft:
                 tokens.append(token)
                 parents.append(key[0])
             mapped.append(index[key])
-    if all(parent == i - 1 for i, parent in enumerate(parents)):
+    if parents == chain_parents(len(parents)):
         return Draft(tokens)
     return Draft(tokens, None, parents)
 
 
 def fit_tree(draft: Draft, max_depth: int) -> Draft:
     """A drafter's tree checked and cut to ``max_depth`` (the round's draft budget); an empty tree is an empty chain."""
-    parents = draft.parents if draft.parents is not None else [ROOT + i for i in range(len(draft.tokens))]
+    parents = draft.parents if draft.parents is not None else chain_parents(len(draft.tokens))
     check_tree(draft.tokens, parents)
     if not draft.tokens:
         return Draft([])

@@ -235,10 +235,10 @@ def draft_tree(opts: TreeOptions, logits: torch.Tensor, expand_logits: Expand, m
         tokens, parents = grow_dynamic(root, expand, opts.topk, opts.budget or DYNAMIC_BUDGET, depth, ctx.eos_ids)
         return Draft(tokens, None, parents)
     sampled = opts.kind == "sampled" and not ctx.sampling.greedy
-    coupled = ctx.noise is not None and not ctx.sampling.greedy  # every shaped tree draws with the coupled noise
+    # under coupled sampling (a query with noise) every shaped tree draws with the coupled noise
     tokens, parents, qs = grow_shaped(root, expand, opts.shape[:depth], opts.budget or 1 << 30, ctx.eos_ids,
                                       ctx.generator if sampled else None,
-                                      (lambda d: ctx.gumbel(d, root.shape[-1])) if coupled else None)
+                                      (lambda d: ctx.gumbel(d, root.shape[-1])) if ctx.noise is not None else None)
     if not sampled:
         return Draft(tokens, None, parents)
     return Draft(tokens, torch.stack(qs) if qs else None, parents)

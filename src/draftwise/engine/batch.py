@@ -45,7 +45,7 @@ from draftwise.engine.query import QuerySettings, QueryState
 from draftwise.engine.routing import PromptFit
 from draftwise.policies import Policy, make_policy
 from draftwise.policies.base import replay
-from draftwise.step_costs import StepCostModel, StepShape, request_share
+from draftwise.step_costs import StepCostModel, StepShape, measured_shares
 from draftwise.trace import RoundRecord
 
 log = logging.getLogger(__name__)
@@ -188,9 +188,8 @@ class BatchEngine:
         shape = StepShape(len(lanes), sum(len(plan.draft.tokens) for plan in plans), seconds)
         self.costs.observe(shape)
         records = []
-        scale = seconds / float(self.costs.coef @ shape.features())  # measured ÷ predicted step
-        for lane, plan, rows in zip(lanes, plans, logits):
-            share = scale * request_share(self.costs.coef, shape.requests, len(plan.draft.tokens))  # its part
+        shares = measured_shares(self.costs.coef, shape, [len(plan.draft.tokens) for plan in plans])
+        for lane, plan, rows, share in zip(lanes, plans, logits, shares):
             record = lane.engine.conclude(lane.query, plan, rows, share, lane.row.choices)
             if record.index == 0:
                 record.verify_s += lane.prefill_s
