@@ -7,55 +7,74 @@ import random
 from draftwise.drafters.suffix import SuffixTrie
 
 
-def test_stream_match_equals_walking_every_suffix() -> None:
+def test_advancing_suffix_nodes_equals_walking_every_suffix() -> None:
     rng = random.Random(0)
     for depth in (2, 5, 24):
         trie = SuffixTrie(depth)
+        for _ in range(10):  # earlier responses
+            trie.add_sequence([rng.randrange(6) for _ in range(rng.randint(1, 40))])
         stream: list[int] = []
+        nodes: list = []
         for _ in range(400):
             token = rng.randrange(6) if rng.random() < 0.8 else rng.randrange(50)  # repeats, and novelties
             stream.append(token)
-            trie.extend([token])
-            walked = trie.match(stream, depth - 1)
-            streamed = trie.stream_match(depth - 1)
-            assert streamed[1] == walked[1] and streamed[0] is walked[0]
+            trie.extend([token])  # the stream itself joins the trie, as a query's local trie does
+            nodes = trie.advance(nodes, token)
+            walked = trie.suffix_nodes(stream)
+            assert len(nodes) == len(walked) and all(a is b for a, b in zip(nodes, walked, strict=True))
+            assert all(a is b for a, b in zip(trie.active, walked, strict=False))  # the stream's own nodes
 
 
-def test_match_scanning_down_from_a_bound_equals_the_full_scan() -> None:
-    rng = random.Random(1)
-    trie = SuffixTrie(8)
-    for _ in range(20):  # earlier responses
-        trie.add_sequence([rng.randrange(5) for _ in range(rng.randint(1, 40))])
-    context: list[int] = []
-    previous = 0
-    for _ in range(300):
-        added = rng.randint(1, 3)
-        context += [rng.randrange(6) for _ in range(added)]
-        full = trie.match(context, 7)
-        bounded = trie.match(context, 7, upper=previous + added)
-        assert bounded[1] == full[1] and bounded[0] is full[0]
-        previous = full[1]
+def brute_force_best(tries: list[SuffixTrie], context: list[int], max_len: int, factor: float,
+                     min_prob: float) -> list[int]:
+    """SuffixDecoding's definition, spelled out: every match length in every trie, highest score."""
+    from draftwise.drafters.suffix import scored_path
+
+    best: tuple[float, list[int]] = (0.0, [])
+    for trie in tries:
+        for length in range(len(context), 0, -1):
+            node = trie._walk(context[-length:])
+            if node is None:
+                continue
+            budget = min(max_len, int(factor * length + 1e-9), trie.depth - length)
+            tokens, score = scored_path(node, budget, min_prob)
+            if score > best[0]:
+                best = (score, tokens)
+    return best[1]
 
 
-def test_suffix_drafter_drafts_the_same_with_and_without_the_match_bound() -> None:
+def test_suffix_drafter_drafts_the_best_scoring_match_in_either_trie() -> None:
     from draftwise.drafters.base import DraftContext
     from draftwise.drafters.suffix import SuffixDrafter
     from draftwise.verify import Sampling
 
     rng = random.Random(2)
     ctx = DraftContext(Sampling())
-    fast, slow = SuffixDrafter(depth=6), SuffixDrafter(depth=6)
-    for _ in range(6):
-        prompt = [rng.randrange(8) for _ in range(10)]
-        tokens = list(prompt)
-        for drafter in (fast, slow):
+    for depth, factor, min_prob in ((6, 1.0, 0.1), (8, 2.0, 0.3), (24, 1.0, 0.0)):
+        drafter = SuffixDrafter(depth=depth, factor=factor, min_prob=min_prob)
+        for _ in range(6):
+            prompt = [rng.randrange(8) for _ in range(10)]
+            tokens = list(prompt)
             drafter.begin_query(prompt)
-        for _ in range(60):
-            slow.global_match = (10**9, 0)  # no usable bound: the full upward scan every time
-            assert fast.propose(tokens, 4, ctx).tokens == slow.propose(tokens, 4, ctx).tokens
-            tokens += [rng.randrange(8) for _ in range(rng.randint(1, 3))]
-        for drafter in (fast, slow):
+            for _ in range(60):
+                got = drafter.propose(tokens, 5, ctx).tokens
+                assert got == brute_force_best([drafter.local, drafter.global_trie], tokens, 5, factor, min_prob)
+                tokens += [rng.randrange(8) for _ in range(rng.randint(1, 3))]
             drafter.end_query(tokens, len(prompt))
+
+
+def test_a_long_repetition_drafts_the_whole_budget() -> None:
+    """The deepest match of a repeated passage sits near the trie's depth with ≈ 1 token below it;
+    a shorter match of the same passage drafts the full budget, and scoring finds it."""
+    from draftwise.drafters.base import DraftContext
+    from draftwise.drafters.suffix import SuffixDrafter
+    from draftwise.verify import Sampling
+
+    passage = list(range(100, 140))
+    drafter = SuffixDrafter(depth=24)
+    drafter.begin_query(passage)
+    context = passage + passage[:30]  # 30 tokens into the second copy: a 30-token match
+    assert drafter.propose(context, 8, DraftContext(Sampling())).tokens == passage[30:38]
 
 
 def test_fast_first_tokens_along_equal_proposing_at_every_position() -> None:

@@ -38,7 +38,7 @@ class SuffixStore:
         """Point a query's copy at the current store (the template may have rebuilt its trie)."""
         if seen_version != self.version:
             copy_.store, copy_.global_trie = self.template.store, self.template.global_trie
-            copy_.global_match = (0, 0)  # its match bound assumed the old store
+            copy_.forget_global_matches()  # its matches were walked in the old store
         return self.version
 
 

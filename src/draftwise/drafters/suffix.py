@@ -2,17 +2,23 @@
 
 Every suffix (up to ``depth`` tokens) of the token stream is a path in the trie; a node's count is
 how often that substring occurred. The trie grows incrementally: each new token extends the
-``depth`` most recent suffixes by one node (no rebuild per token). To draft, find the longest
-suffix of the context that occurred earlier with a continuation, then follow the most frequent
-child while its estimated probability stays above ``min_prob``, for at most
-``factor × match length`` tokens. A bounded global store of earlier responses gives matches
-across queries.
+``depth`` most recent suffixes by one node (no rebuild per token). A bounded global store of
+earlier responses gives matches across queries.
+
+To draft (SuffixDecoding's scoring, Oliaro et al. 2024): every suffix of the context that occurs in
+a trie is a candidate match; from each, follow the most frequent child while the path's estimated
+probability (the product of ``child.count / node.count``) stays ≥ ``min_prob``, for at most
+``factor × match length`` tokens; keep the candidate whose draft scores highest, the score being
+the sum of its tokens' path probabilities (the expected number accepted). The deepest match is not
+always best: in a depth-bounded trie a long match leaves few tokens below it, and a match seen once
+says less than a shorter one seen often.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
@@ -47,39 +53,32 @@ class SuffixTrie:
         self.extend(tokens)
         self.active = saved
 
-    def match(self, context: Sequence[int], max_match: int, upper: int | None = None) -> tuple[TrieNode | None, int]:
-        """Deepest node for a suffix of ``context`` that has a continuation, and its length.
+    def suffix_nodes(self, context: Sequence[int]) -> list[TrieNode]:
+        """The nodes of ``context``'s suffixes that occur here, shortest first (walked from the root).
 
-        A suffix with a continuation implies every shorter suffix has one, so the lengths that
-        qualify are 1..best. With ``upper`` (a known bound on best, e.g. the previous match + the
-        tokens added since) scan down from it: amortized two walks per token instead of one per length.
+        Every substring of a stored sequence is a path, so if the suffix of length m is missing so
+        is every longer one: the list holds the lengths 1..m−1 exactly.
         """
-        longest = min(max_match, len(context))
-        if upper is not None:
-            for length in range(min(upper, longest), 0, -1):
-                node = self._walk(context[len(context) - length :])
-                if node is not None and node.children:
-                    return node, length
-            return None, 0
-        best: TrieNode | None = None
-        best_len = 0
-        for length in range(1, longest + 1):
+        nodes: list[TrieNode] = []
+        for length in range(1, min(self.depth, len(context)) + 1):
             node = self._walk(context[len(context) - length :])
-            if node is None or not node.children:
+            if node is None:
                 break
-            best, best_len = node, length
-        return best, best_len
+            nodes.append(node)
+        return nodes
 
-    def stream_match(self, max_match: int) -> tuple[TrieNode | None, int]:
-        """``match`` for the stream this trie follows, with no walk: its suffixes' nodes are the
-        active ones, and a node has children only if that suffix occurred earlier with a continuation."""
-        best: TrieNode | None = None
-        best_len = 0
-        for length, node in enumerate(self.active[:max_match], start=1):
-            if not node.children:
+    def advance(self, nodes: list[TrieNode], token: int) -> list[TrieNode]:
+        """``suffix_nodes(context + [token])`` from ``nodes = suffix_nodes(context)``, no walk."""
+        first = self.root.children.get(token)
+        if first is None:
+            return []
+        out = [first]
+        for node in nodes[: self.depth - 1]:
+            child = node.children.get(token)
+            if child is None:
                 break
-            best, best_len = node, length
-        return best, best_len
+            out.append(child)
+        return out
 
     def _walk(self, path: Sequence[int]) -> TrieNode | None:
         node = self.root
@@ -99,44 +98,72 @@ def _child(node: TrieNode, token: int) -> TrieNode:
     return child
 
 
-def greedy_continuation(node: TrieNode, max_len: int, min_prob: float) -> list[int]:
-    """Follow the most frequent child while the path's estimated probability ≥ min_prob."""
+def scored_path(node: TrieNode, max_len: int, min_prob: float) -> tuple[list[int], float]:
+    """Follow the most frequent child while the path's probability (Π child.count / node.count)
+    stays ≥ ``min_prob``: the tokens and their summed probabilities (the draft's score).
+
+    >>> trie = SuffixTrie(4)
+    >>> trie.add_sequence([1, 2, 3, 1, 2, 4, 1])  # "1 2" twice: then 3 once, 4 once
+    >>> scored_path(trie.suffix_nodes([1, 2])[-1], 3, 0.1)
+    ([3, 1], 1.0)
+    """
     tokens: list[int] = []
-    prob = 1.0
-    while len(tokens) < max_len and node.children:
+    prob, score = 1.0, 0.0
+    while len(tokens) < max_len and node.children and node.count:
         token, child = max(node.children.items(), key=lambda item: item[1].count)
-        total = sum(c.count for c in node.children.values())
-        prob *= child.count / total
+        prob *= child.count / node.count
         if prob < min_prob:
             break
         tokens.append(token)
+        score += prob
         node = child
-    return tokens
+    return tokens, score
 
 
-def first_continuation(node: TrieNode, min_prob: float) -> int | None:
-    """``greedy_continuation(node, 1, min_prob)``'s token, or None."""
-    if not node.children:
-        return None
-    token, child = max(node.children.items(), key=lambda item: item[1].count)
-    if child.count / sum(c.count for c in node.children.values()) < min_prob:  # as greedy_continuation
-        return None
-    return token
+@dataclass
+class Candidate:
+    """The best-scoring draft so far: its match's node, draft budget, tokens and score."""
+
+    node: TrieNode | None = None
+    limit: int = 0
+    tokens: list[int] = field(default_factory=list)
+    score: float = 0.0
+
+
+def best_candidate(nodes: Sequence[TrieNode], depth: int, max_len: int, factor: float, min_prob: float,
+                   best: Candidate | None = None) -> Candidate:
+    """Score a draft from every match in ``nodes`` (``nodes[m-1]``: the context's last m tokens),
+    longest first, and keep the best (ties: the one already held, else the longer match). A match
+    of length m drafts at most ``factor × m`` tokens and, in a depth-bounded trie, ``depth − m``;
+    a score never exceeds its budget, so budgets below the best score are skipped unwalked."""
+    best = best if best is not None else Candidate()
+    for length in range(len(nodes), 0, -1):
+        cap = min(max_len, int(factor * length + 1e-9))
+        if cap <= best.score:
+            break  # shorter matches have smaller caps still
+        node = nodes[length - 1]
+        limit = min(cap, depth - length)
+        if limit <= best.score or not node.children:
+            continue
+        tokens, score = scored_path(node, limit, min_prob)
+        if score > best.score:
+            best = Candidate(node, limit, tokens, score)
+    return best
 
 
 def branching_continuations(node: TrieNode, max_len: int, min_prob: float, branches: int,
                             eos_ids: frozenset[int]) -> tuple[list[int], list[int]]:
     """Up to ``branches`` continuations as a tree (point masses): each of the most frequent next
-    tokens (estimated probability ≥ min_prob, the first always) followed greedily; parents −1 = root."""
-    total = sum(c.count for c in node.children.values())
+    tokens (estimated probability ≥ min_prob, the first always) followed as :func:`scored_path`
+    does; parents −1 = root."""
     ranked = sorted(node.children.items(), key=lambda item: -item[1].count)[:branches]
     tokens: list[int] = []
     parents: list[int] = []
     for rank, (token, child) in enumerate(ranked):
-        prob = child.count / total
+        prob = child.count / node.count
         if rank and prob < min_prob:
             break
-        branch = [token] if token in eos_ids else [token] + greedy_continuation(child, max_len - 1, min_prob / prob)
+        branch = [token] if token in eos_ids else [token] + scored_path(child, max_len - 1, min_prob / prob)[0]
         for i, tok in enumerate(branch):
             parents.append(ROOT if i == 0 else len(tokens) - 1)
             tokens.append(tok)
@@ -166,18 +193,23 @@ class SuffixDrafter(Drafter):
                 f"branches={branches})"
             )
         self.name = name
-        self.branches = branches  # > 1: a small tree, one greedy continuation per frequent next token
+        self.branches = branches  # > 1: a small tree, one continuation per frequent next token
         self.depth, self.factor, self.min_prob, self.store_tokens = depth, factor, min_prob, store_tokens
         self.store: deque[list[int]] = deque()  # earlier responses, oldest first
         self.global_trie = SuffixTrie(depth)
         self.local = SuffixTrie(depth)
         self.seen = 0
-        self.global_match = (0, 0)  # (context length, match length) of the last global-trie match
+        self.forget_global_matches()
+
+    def forget_global_matches(self) -> None:
+        """The global trie changed under this copy (a store rebuilt): re-walk at the next draft."""
+        self.global_nodes: list[TrieNode] = []  # suffix_nodes of the context's first global_seen tokens
+        self.global_seen = -1
 
     def begin_query(self, prompt: Sequence[int]) -> None:
         self.local = SuffixTrie(self.depth)
         self.seen = 0
-        self.global_match = (0, 0)
+        self.forget_global_matches()
 
     def recover(self) -> None:
         self.begin_query(())  # the store of earlier responses stays
@@ -186,6 +218,7 @@ class SuffixDrafter(Drafter):
         response = list(tokens[prompt_len:])
         if not self.store_tokens or not response:
             return
+        self.forget_global_matches()  # new paths may lengthen a match
         self.store.append(response[: self.store_tokens])
         stored = sum(map(len, self.store))
         if stored <= self.store_tokens:
@@ -204,50 +237,40 @@ class SuffixDrafter(Drafter):
         self.local.extend(context[self.seen :])
         self.seen = len(context)
 
-    def propose(self, context: Sequence[int], max_len: int, ctx: DraftContext, stop: Any = None) -> Draft:
+    def _global_matches(self, context: Sequence[int]) -> list[TrieNode]:
+        """``global_trie.suffix_nodes(context)``, advanced token by token from the last call's."""
+        if not self.global_trie.root.children:
+            return []
+        new = len(context) - self.global_seen
+        if self.global_seen < 0 or new < 0 or new > self.depth:
+            self.global_nodes = self.global_trie.suffix_nodes(context)
+        else:
+            for token in context[self.global_seen :]:
+                self.global_nodes = self.global_trie.advance(self.global_nodes, token)
+        self.global_seen = len(context)
+        return self.global_nodes
+
+    def _best(self, context: Sequence[int], max_len: int) -> Candidate:
+        """The best-scoring draft over every match in this query's trie, then the earlier responses'."""
         self._follow(context)
+        local = best_candidate(self.local.active, self.depth, max_len, self.factor, self.min_prob)
+        return best_candidate(self._global_matches(context), self.depth, max_len, self.factor, self.min_prob, local)
+
+    def propose(self, context: Sequence[int], max_len: int, ctx: DraftContext, stop: Any = None) -> Draft:
         if max_len <= 0:
+            self._follow(context)
             return Draft([])
-        node, length = self._match(context)
-        if node is None:
+        best = self._best(context, max_len)
+        if best.node is None:
             return Draft([])
-        limit = min(max_len, max(1, int(self.factor * length)))
         if self.branches > 1:
-            tokens, parents = branching_continuations(node, limit, self.min_prob, self.branches, ctx.eos_ids)
+            tokens, parents = branching_continuations(best.node, best.limit, self.min_prob, self.branches, ctx.eos_ids)
             return Draft(tokens, None, parents) if parents.count(ROOT) > 1 else Draft(tokens)  # one branch: a chain
-        tokens = greedy_continuation(node, limit, self.min_prob)
+        tokens = best.tokens
         for i, token in enumerate(tokens):
             if token in ctx.eos_ids:
                 return Draft(tokens[: i + 1])
         return Draft(tokens)
-
-    def _match(self, context: Sequence[int]) -> tuple[TrieNode | None, int]:
-        """The deepest node with a continuation for a suffix of ``context`` (the local trie follows
-        ``context``), in this query's trie or the earlier responses' one, and its length."""
-        node, length = self.local.stream_match(self.depth - 1)
-        if self.global_trie.root.children:  # earlier responses: their trie must be walked
-            seen, previous = self.global_match
-            upper = previous + len(context) - seen if seen <= len(context) else None
-            other, other_length = self.global_trie.match(context, self.depth - 1, upper)
-            self.global_match = (len(context), other_length)
-            if other_length > length:
-                node, length = other, other_length
-        return node, length
-
-    def first_tokens_along(self, context: Sequence[int], verified: Sequence[int],
-                           ctx: DraftContext) -> list[int | None]:
-        """``propose(…, 1)`` at each verified position, without building drafts: the most frequent
-        child of the deepest matching node (local trie, else the earlier responses' trie)."""
-        if self.branches > 1:
-            return super().first_tokens_along(context, verified, ctx)
-        sequence = list(context)
-        out: list[int | None] = []
-        for token in verified:
-            self._follow(sequence)
-            node, _ = self._match(sequence)
-            out.append(None if node is None else first_continuation(node, self.min_prob))
-            sequence.append(token)
-        return out
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "depth": self.depth, "factor": self.factor,
