@@ -129,6 +129,9 @@ def main() -> None:
     parser.add_argument("--draftwise-k", type=int, default=8, help="num_speculative_tokens for draftwise")
     parser.add_argument("--draftwise-config", default="", help="JSON options added to the draftwise methods' own")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--single-process", action="store_true",
+                        help="run vLLM's engine core in the calling process (VLLM_ENABLE_V1_MULTIPROCESSING=0): "
+                             "on a 2-core machine the separate front-end process otherwise competes with it")
     parser.add_argument("--out", default="runs/vllm_throughput.json")
     parser.add_argument("--method", help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
@@ -150,13 +153,15 @@ def main() -> None:
                    "--max-tokens", str(args.max_tokens), "--draftwise-k", str(args.draftwise_k),
                    "--seed", str(args.seed),
                    "--draftwise-config", args.draftwise_config]
-        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env = {**os.environ, **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if args.single_process else {})}
+        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         if done.returncode != 0:
             print(done.stdout[-3000:], file=sys.stderr)
             raise SystemExit(f"{method} failed")
         print("\n".join(line for line in done.stdout.splitlines() if "tokens/s" in line), flush=True)
         runs[method] = json.loads(part.read_text())
     report = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv), "levels": levels,
+              "single_process": args.single_process,
               "table": table(runs, levels), "runs": runs}
     out.write_text(json.dumps(report))
     print(report["table"])

@@ -19,7 +19,9 @@ def test_advancing_suffix_nodes_equals_walking_every_suffix() -> None:
             token = rng.randrange(6) if rng.random() < 0.8 else rng.randrange(50)  # repeats, and novelties
             stream.append(token)
             trie.extend([token])  # the stream itself joins the trie, as a query's local trie does
-            nodes = trie.advance(nodes, token)
+            if rng.random() < 0.05:  # a response added meanwhile: matches may lengthen
+                trie.add_sequence(stream[-rng.randint(2, 30):] + [rng.randrange(6) for _ in range(5)])
+            nodes = trie.advance(nodes, stream, len(stream))
             walked = trie.suffix_nodes(stream)
             assert len(nodes) == len(walked) and all(a is b for a, b in zip(nodes, walked, strict=True))
             assert all(a is b for a, b in zip(trie.active, walked, strict=False))  # the stream's own nodes
@@ -75,6 +77,47 @@ def test_a_long_repetition_drafts_the_whole_budget() -> None:
     drafter.begin_query(passage)
     context = passage + passage[:30]  # 30 tokens into the second copy: a 30-token match
     assert drafter.propose(context, 8, DraftContext(Sampling())).tokens == passage[30:38]
+
+
+def test_pool_copies_draft_from_each_others_growing_responses() -> None:
+    """A pool's suffix copies insert their responses into the shared trie as they grow; finishing
+    does not insert them twice, and after an eviction rebuild a growing response is re-inserted."""
+    from draftwise.drafters.base import DraftContext
+    from draftwise.drafters.pool import DrafterPool
+    from draftwise.drafters.suffix import SuffixDrafter, SuffixTrie
+    from draftwise.verify import Sampling
+
+    ctx = DraftContext(Sampling())
+    pool = DrafterPool([SuffixDrafter(depth=8, store_tokens=60)])
+    (a,), (b,) = pool.for_request([1, 2, 3]), pool.for_request([4, 5, 6])
+    answer = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+    a.propose([1, 2, 3, *answer], 4, ctx)  # a's response so far joins the shared trie
+    pool.refresh([b], {})
+    assert b.propose([4, 5, 6, 10, 11, 12], 4, ctx).tokens == [13, 14, 15]  # factor 1 × a 3-token match
+
+    def counts(trie: SuffixTrie) -> list[tuple[tuple[int, ...], int]]:
+        out, stack = [], [((), trie.root)]
+        while stack:
+            path, node = stack.pop()
+            out += [(path, node.count)] if path else []
+            stack += [((*path, t), child) for t, child in node.children.items()]
+        return sorted(out)
+
+    pool.finish([1, 2, 3, *answer], 3)
+    rebuilt = SuffixTrie(8)
+    for response in pool.templates[0].store:
+        rebuilt.add_sequence(response)
+    b_so_far = SuffixTrie(8)
+    b_so_far.root = rebuilt.root
+    b_so_far.add_sequence([10, 11, 12])  # b's response so far is in the shared trie too
+    assert counts(pool.templates[0].global_trie) == counts(b_so_far)
+
+    for start in (30, 50, 70, 90, 110):  # more finished responses than the store keeps: a rebuild
+        pool.finish([0, *range(start, start + 20)], 1)
+    assert pool.templates[0].global_trie is not b.global_trie
+    pool.refresh([b], {})
+    b.propose([4, 5, 6, 10, 11, 12, 13], 4, ctx)  # b re-inserts its response into the new trie
+    assert pool.templates[0].global_trie.suffix_nodes([10, 11, 12, 13])  # found again
 
 
 def test_fast_first_tokens_along_equal_proposing_at_every_position() -> None:

@@ -1,8 +1,9 @@
 """Per-query copies of a drafter pool, for queries that run side by side (a batch, vLLM's requests).
 
 * PLD keeps a per-query n-gram index: each query gets a fresh copy.
-* Suffix keeps a per-query trie *and* a store of earlier responses shared by every query: a
-  query's copy shares the template's store, which grows as queries finish.
+* Suffix keeps a per-query trie *and* a store of responses shared by every query: a query's copy
+  inserts its response into the shared trie as it grows (concurrent queries draft from each
+  other, as SuffixDecoding's global tree does); the template keeps the finished ones for rebuilds.
 * REST reads a datastore and keeps no per-query state: one instance serves every query.
 * LM drafters get one KV cache per query (their ``fresh`` copy shares the weights).
 """
@@ -31,14 +32,15 @@ class SuffixStore:
     version: int = 0
 
     def finish(self, tokens: Sequence[int], prompt_len: int) -> None:
-        self.template.end_query(tokens, prompt_len)
+        self.template.end_query(tokens, prompt_len, inserted=True)  # the query's copy inserted it live
         self.version += 1
 
     def sync(self, copy_: SuffixDrafter, seen_version: int) -> int:
-        """Point a query's copy at the current store (the template may have rebuilt its trie)."""
-        if seen_version != self.version:
+        """Point a query's copy at the current store: after an eviction the template rebuilt its
+        trie, without the responses still growing, so the copy inserts its own again."""
+        if copy_.global_trie is not self.template.global_trie:
             copy_.store, copy_.global_trie = self.template.store, self.template.global_trie
-            copy_.forget_global_matches()  # its matches were walked in the old store
+            copy_.rejoin()
         return self.version
 
 
@@ -56,7 +58,9 @@ class DrafterPool:
             if _is_shared(drafter):
                 out.append(drafter)
             elif isinstance(drafter, SuffixDrafter):
-                out.append(copy.copy(drafter))  # shares the store; begin_query gives it its own trie
+                shared = copy.copy(drafter)  # shares the store; begin_query gives it its own trie
+                shared.share_live = True
+                out.append(shared)
             else:
                 out.append(drafter.fresh())
         return out

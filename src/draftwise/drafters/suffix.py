@@ -43,15 +43,18 @@ class SuffixTrie:
         self.active: list[TrieNode] = []  # nodes of the stream's current suffixes, shortest first
 
     def extend(self, tokens: Sequence[int]) -> None:
+        self.active = self.grow(self.active, tokens)
+
+    def grow(self, stream: list[TrieNode], tokens: Sequence[int]) -> list[TrieNode]:
+        """Insert ``tokens`` at the end of a stream whose current suffixes' nodes are ``stream``
+        (shortest first); the stream's nodes after them."""
         for token in tokens:
-            grown = [self.root, *self.active[: self.depth - 1]]
-            self.active = [_child(node, token) for node in grown]
+            stream = [_child(node, token) for node in [self.root, *stream[: self.depth - 1]]]
+        return stream
 
     def add_sequence(self, tokens: Sequence[int]) -> None:
         """Insert a separate sequence (its suffixes do not join the current stream)."""
-        saved, self.active = self.active, []
-        self.extend(tokens)
-        self.active = saved
+        self.grow([], tokens)
 
     def suffix_nodes(self, context: Sequence[int]) -> list[TrieNode]:
         """The nodes of ``context``'s suffixes that occur here, shortest first (walked from the root).
@@ -67,8 +70,10 @@ class SuffixTrie:
             nodes.append(node)
         return nodes
 
-    def advance(self, nodes: list[TrieNode], token: int) -> list[TrieNode]:
-        """``suffix_nodes(context + [token])`` from ``nodes = suffix_nodes(context)``, no walk."""
+    def advance(self, nodes: list[TrieNode], context: Sequence[int], end: int) -> list[TrieNode]:
+        """``suffix_nodes(context[:end])`` from ``nodes``, those of ``context[:end - 1]`` when they
+        were found: advanced by the new token, then lengthened where the trie has grown since."""
+        token = context[end - 1]
         first = self.root.children.get(token)
         if first is None:
             return []
@@ -76,9 +81,19 @@ class SuffixTrie:
         for node in nodes[: self.depth - 1]:
             child = node.children.get(token)
             if child is None:
-                break
+                return out  # that suffix is missing now, so is every longer one
             out.append(child)
-        return out
+        return self.lengthen(out, context, end)
+
+    def lengthen(self, nodes: list[TrieNode], context: Sequence[int], end: int) -> list[TrieNode]:
+        """``nodes`` (the shortest suffixes of ``context[:end]`` found here) with the longer ones a
+        sequence added since may have created, walked from the root."""
+        while len(nodes) < min(self.depth, end):
+            longer = self._walk(context[end - len(nodes) - 1 : end])
+            if longer is None:
+                break
+            nodes = [*nodes, longer]
+        return nodes
 
     def _walk(self, path: Sequence[int]) -> TrieNode | None:
         node = self.root
@@ -199,6 +214,10 @@ class SuffixDrafter(Drafter):
         self.global_trie = SuffixTrie(depth)
         self.local = SuffixTrie(depth)
         self.seen = 0
+        self.response_start = 0
+        self.share_live = False  # set on a pool's copies: the response joins the shared trie as it grows
+        self.live: list[TrieNode] = []  # this response's stream in the shared trie
+        self.live_seen = -1  # context tokens inserted there (−1: none, not sharing)
         self.forget_global_matches()
 
     def forget_global_matches(self) -> None:
@@ -209,23 +228,35 @@ class SuffixDrafter(Drafter):
     def begin_query(self, prompt: Sequence[int]) -> None:
         self.local = SuffixTrie(self.depth)
         self.seen = 0
+        self.response_start = len(prompt)
+        self.live, self.live_seen = [], self.response_start if self.share_live else -1
         self.forget_global_matches()
+
+    def rejoin(self) -> None:
+        """The shared trie was rebuilt without this query's response so far: insert it again."""
+        self.forget_global_matches()
+        if self.live_seen >= 0:
+            self.live, self.live_seen = [], self.response_start
 
     def recover(self) -> None:
         self.begin_query(())  # the store of earlier responses stays
+        self.live_seen = -1  # where this response stood is lost: it stops joining the shared trie
 
-    def end_query(self, tokens: Sequence[int], prompt_len: int) -> None:
+    def end_query(self, tokens: Sequence[int], prompt_len: int, inserted: bool = False) -> None:
+        """Keep the response for later queries (``inserted``: a copy already put it in the trie
+        while it grew — the store still records it, for rebuilds)."""
         response = list(tokens[prompt_len:])
         if not self.store_tokens or not response:
             return
-        self.forget_global_matches()  # new paths may lengthen a match
         self.store.append(response[: self.store_tokens])
         stored = sum(map(len, self.store))
         if stored <= self.store_tokens:
-            self.global_trie.add_sequence(self.store[-1])
+            if not inserted:
+                self.global_trie.add_sequence(self.store[-1])
             return
         while stored > self.store_tokens:  # evict the oldest responses, then rebuild once
             stored -= len(self.store.popleft())
+        self.forget_global_matches()  # they were nodes of the old trie
         self.global_trie = SuffixTrie(self.depth)
         for response in self.store:
             self.global_trie.add_sequence(response)
@@ -236,17 +267,23 @@ class SuffixDrafter(Drafter):
             self.begin_query(context)
         self.local.extend(context[self.seen :])
         self.seen = len(context)
+        if 0 <= self.live_seen < len(context):
+            self.live = self.global_trie.grow(self.live, context[self.live_seen :])
+            self.live_seen = len(context)
 
     def _global_matches(self, context: Sequence[int]) -> list[TrieNode]:
         """``global_trie.suffix_nodes(context)``, advanced token by token from the last call's."""
         if not self.global_trie.root.children:
             return []
-        new = len(context) - self.global_seen
-        if self.global_seen < 0 or new < 0 or new > self.depth:
-            self.global_nodes = self.global_trie.suffix_nodes(context)
+        nodes, seen = self.global_nodes, self.global_seen
+        if seen < 0 or seen > len(context) or len(context) - seen > self.depth:
+            nodes = self.global_trie.suffix_nodes(context)
+        elif seen == len(context):  # the same context: only a sequence added since can lengthen it
+            nodes = self.global_trie.lengthen(nodes, context, seen)
         else:
-            for token in context[self.global_seen :]:
-                self.global_nodes = self.global_trie.advance(self.global_nodes, token)
+            for end in range(seen + 1, len(context) + 1):
+                nodes = self.global_trie.advance(nodes, context, end)
+        self.global_nodes = nodes
         self.global_seen = len(context)
         return self.global_nodes
 
