@@ -21,7 +21,7 @@ def test_advancing_suffix_nodes_equals_walking_every_suffix() -> None:
             trie.extend([token])  # the stream itself joins the trie, as a query's local trie does
             if rng.random() < 0.05:  # a response added meanwhile: matches may lengthen
                 trie.add_sequence(stream[-rng.randint(2, 30):] + [rng.randrange(6) for _ in range(5)])
-            nodes = trie.advance(nodes, stream, len(stream))
+            nodes = trie.lengthen(trie.advance(nodes, token), stream)
             walked = trie.suffix_nodes(stream)
             assert len(nodes) == len(walked) and all(a is b for a, b in zip(nodes, walked, strict=True))
             assert all(a is b for a, b in zip(trie.active, walked, strict=False))  # the stream's own nodes
@@ -92,7 +92,7 @@ def test_pool_copies_draft_from_each_others_growing_responses() -> None:
     (a,), (b,) = pool.for_request([1, 2, 3]), pool.for_request([4, 5, 6])
     answer = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
     a.propose([1, 2, 3, *answer], 4, ctx)  # a's response so far joins the shared trie
-    pool.refresh([b], {})
+    pool.refresh([b])
     assert b.propose([4, 5, 6, 10, 11, 12], 4, ctx).tokens == [13, 14, 15]  # factor 1 × a 3-token match
 
     def counts(trie: SuffixTrie) -> list[tuple[tuple[int, ...], int]]:
@@ -115,7 +115,7 @@ def test_pool_copies_draft_from_each_others_growing_responses() -> None:
     for start in (30, 50, 70, 90, 110):  # more finished responses than the store keeps: a rebuild
         pool.finish([0, *range(start, start + 20)], 1)
     assert pool.templates[0].global_trie is not b.global_trie
-    pool.refresh([b], {})
+    pool.refresh([b])
     b.propose([4, 5, 6, 10, 11, 12, 13], 4, ctx)  # b re-inserts its response into the new trie
     assert pool.templates[0].global_trie.suffix_nodes([10, 11, 12, 13])  # found again
 

@@ -29,19 +29,18 @@ class SuffixStore:
     """A suffix template whose store of earlier responses every query's copy reads."""
 
     template: SuffixDrafter
-    version: int = 0
+    version: int = 0  # responses finished into the store
 
     def finish(self, tokens: Sequence[int], prompt_len: int) -> None:
         self.template.end_query(tokens, prompt_len, inserted=True)  # the query's copy inserted it live
         self.version += 1
 
-    def sync(self, copy_: SuffixDrafter, seen_version: int) -> int:
+    def sync(self, copy_: SuffixDrafter) -> None:
         """Point a query's copy at the current store: after an eviction the template rebuilt its
         trie, without the responses still growing, so the copy inserts its own again."""
         if copy_.global_trie is not self.template.global_trie:
             copy_.store, copy_.global_trie = self.template.store, self.template.global_trie
             copy_.rejoin()
-        return self.version
 
 
 class DrafterPool:
@@ -80,10 +79,9 @@ class DrafterPool:
             else:
                 drafter.end_query(tokens, prompt_len)
 
-    def refresh(self, drafters: Sequence[Drafter], versions: dict[int, int]) -> None:
-        """Point a query's suffix copies at their stores as they are now (``versions``: what the
-        query has seen, updated here)."""
+    def refresh(self, drafters: Sequence[Drafter]) -> None:
+        """Point a query's suffix copies at their stores as they are now."""
         for index, store in self.stores.items():
             drafter = drafters[index]
             assert isinstance(drafter, SuffixDrafter)
-            versions[index] = store.sync(drafter, versions.get(index, store.version))
+            store.sync(drafter)

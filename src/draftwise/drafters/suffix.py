@@ -70,10 +70,9 @@ class SuffixTrie:
             nodes.append(node)
         return nodes
 
-    def advance(self, nodes: list[TrieNode], context: Sequence[int], end: int) -> list[TrieNode]:
-        """``suffix_nodes(context[:end])`` from ``nodes``, those of ``context[:end - 1]`` when they
-        were found: advanced by the new token, then lengthened where the trie has grown since."""
-        token = context[end - 1]
+    def advance(self, nodes: list[TrieNode], token: int) -> list[TrieNode]:
+        """The shortest suffix nodes of ``context + [token]`` from ``nodes``, those of ``context``:
+        exact where ``nodes`` was, possibly short where the trie has grown since (:meth:`lengthen`)."""
         first = self.root.children.get(token)
         if first is None:
             return []
@@ -81,15 +80,15 @@ class SuffixTrie:
         for node in nodes[: self.depth - 1]:
             child = node.children.get(token)
             if child is None:
-                return out  # that suffix is missing now, so is every longer one
+                break  # that suffix is missing now, so is every longer one
             out.append(child)
-        return self.lengthen(out, context, end)
+        return out
 
-    def lengthen(self, nodes: list[TrieNode], context: Sequence[int], end: int) -> list[TrieNode]:
-        """``nodes`` (the shortest suffixes of ``context[:end]`` found here) with the longer ones a
-        sequence added since may have created, walked from the root."""
-        while len(nodes) < min(self.depth, end):
-            longer = self._walk(context[end - len(nodes) - 1 : end])
+    def lengthen(self, nodes: list[TrieNode], context: Sequence[int]) -> list[TrieNode]:
+        """``suffix_nodes(context)`` from its shortest ``nodes``: the longer ones a sequence added
+        since may have created, walked from the root."""
+        while len(nodes) < min(self.depth, len(context)):
+            longer = self._walk(context[len(context) - len(nodes) - 1 :])
             if longer is None:
                 break
             nodes = [*nodes, longer]
@@ -124,7 +123,7 @@ def scored_path(node: TrieNode, max_len: int, min_prob: float) -> tuple[list[int
     """
     tokens: list[int] = []
     prob, score = 1.0, 0.0
-    while len(tokens) < max_len and node.children and node.count:
+    while len(tokens) < max_len and node.children:
         token, child = max(node.children.items(), key=lambda item: item[1].count)
         prob *= child.count / node.count
         if prob < min_prob:
@@ -278,11 +277,10 @@ class SuffixDrafter(Drafter):
         nodes, seen = self.global_nodes, self.global_seen
         if seen < 0 or seen > len(context) or len(context) - seen > self.depth:
             nodes = self.global_trie.suffix_nodes(context)
-        elif seen == len(context):  # the same context: only a sequence added since can lengthen it
-            nodes = self.global_trie.lengthen(nodes, context, seen)
         else:
-            for end in range(seen + 1, len(context) + 1):
-                nodes = self.global_trie.advance(nodes, context, end)
+            for token in context[seen:]:
+                nodes = self.global_trie.advance(nodes, token)
+            nodes = self.global_trie.lengthen(nodes, context)  # once: sequences added since
         self.global_nodes = nodes
         self.global_seen = len(context)
         return self.global_nodes

@@ -30,7 +30,7 @@ import copy
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -78,7 +78,6 @@ class Lane:
     joined: float  # perf_counter when it joined
     prefill_s: float  # target time on its prompt before round 1 (charged to round 1)
     setup_s: float  # drafters' time on its prompt (routing, prompt prior; charged to round 1)
-    versions: dict[int, int] = field(default_factory=dict)  # suffix stores seen
     outcome: QueryOutcome | None = None  # set when it leaves
 
 
@@ -179,7 +178,7 @@ class BatchEngine:
         forced = self.policy.select() if self.decide == "batch" else None
         plans = []
         for lane in lanes:
-            self.pool.refresh(lane.engine.drafters, lane.versions)
+            self.pool.refresh(lane.engine.drafters)
             plans.append(lane.engine.plan(lane.query, forced))
         inputs = [lane.engine.target_input(lane.query, plan.draft) for lane, plan in zip(lanes, plans)]
         forward_start = clock()

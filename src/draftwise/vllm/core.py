@@ -272,7 +272,7 @@ class ProposerCore:
         drafter = state.drafters[index]
         store = self.pool.stores.get(index)
         if store is not None:
-            state.suffix_versions[index] = store.sync(drafter, state.suffix_versions.get(index, -1))
+            store.sync(drafter)
         return list(drafter.propose(state.tokens, length, self.ctx, stop).tokens)[:length]
 
     def _cap(self, requests: int) -> int:

@@ -43,7 +43,6 @@ class RequestState:
     policy: Any = None
     routes: dict[int, int] = field(default_factory=dict)  # routed arm → its drafter for this request
     stops: list[Any] = field(default_factory=list)  # each arm's stopping rule (None: none)
-    suffix_versions: dict[int, int] = field(default_factory=dict)
     pending: Pending | None = None
     history: list[tuple[Key, int, RoundRecord]] = field(default_factory=list)  # for the warm start
     steps: int = 1  # target forwards that emitted tokens (the prefill step counts)
