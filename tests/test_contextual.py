@@ -112,9 +112,10 @@ def test_cascade_layout_and_the_routed_arm_parse(pool) -> None:
     _, _, make = pool
     drafters = make()
     arms = build_arms("cascade", drafters, ArmSettings(draft_len=3))
-    assert [a.name for a in arms] == ["pld@6", "auto@3", "none"]
+    assert [a.name for a in arms] == ["suffix@6", "auto@3", "none"]  # suffix leads where it is in the pool
     assert arms[1].route == (2, 3)
-    assert build_arms("cascade", drafters, ArmSettings(drafter="suffix"))[0].name == "suffix@8"
+    assert build_arms("cascade", drafters, ArmSettings(drafter="pld"))[0].name == "pld@8"
+    assert build_arms("cascade", [d for d in drafters if d.name != "suffix"], ArmSettings())[0].name == "pld@8"
     explicit = build_arms("auto@5,pld@2,none", drafters, ArmSettings())
     assert explicit[0].route == (2, 3) and explicit[0].draft_len == 5
     with pytest.raises(DraftwiseError, match="cascade"):
@@ -143,13 +144,13 @@ def test_routed_arm_drafts_with_the_drafter_that_predicts_the_prompt(pool) -> No
     written = Generator(model, tokenizer, [], policy="fixed:0").generate(
         seed_prompt, max_new_tokens=40, ignore_eos=True)
     gen = Generator(model, tokenizer, make(), policy="ctx-ucb")  # the default arms: cascade
-    assert [a.name for a in gen.arms] == ["pld@8", "auto@4", "none"]
+    assert [a.name for a in gen.arms] == ["suffix@8", "auto@4", "none"]
     result = gen.generate(seed_prompt + written.token_ids, max_new_tokens=30, ignore_eos=True)
     routed = {r.arm_name for r in result.trace if r.arm_name.startswith("auto")}
     assert routed == {"auto@4=llama-twin"}  # the target's twin predicts a prompt the target wrote
 
 
-def test_engine_tells_the_policy_whether_pld_matches(pool, monkeypatch) -> None:
+def test_engine_tells_the_policy_whether_its_lookup_matches(pool, monkeypatch) -> None:
     from draftwise.policies.contextual import ContextualUCBPolicy
 
     seen = []
@@ -162,15 +163,22 @@ def test_engine_tells_the_policy_whether_pld_matches(pool, monkeypatch) -> None:
     monkeypatch.setattr(ContextualUCBPolicy, "set_context", spy)
     model, tokenizer, make = pool
     gen = Generator(model, tokenizer, make(), policy="ctx-ucb")
-    novel = list(range(2, 20))  # no repeated n-gram at first: PLD has nothing to propose
+    assert gen.policy.context_on == ("suffix",)  # the cascade's lookup is what the context watches
+    novel = list(range(2, 20))  # no repeated n-gram at first: no lookup has anything to propose
     result = gen.generate(novel, max_new_tokens=40, ignore_eos=True)
     assert len(seen) == result.stats.rounds
     assert seen[0] == (False,)
-    no_pld = Generator(model, tokenizer, [d for d in make() if d.name != "pld"], policy="ctx-ucb")
+    no_suffix = Generator(model, tokenizer, [d for d in make() if d.name != "suffix"], policy="ctx-ucb")
+    assert no_suffix.policy.context_on == ("pld",) and no_suffix.arms[0].name == "pld@8"
+    listed = Generator(model, tokenizer, make(), policy="ctx-ucb", arms="pld@8,suffix@8,auto@4,none")
+    assert listed.policy.context_on == ("pld", "suffix")  # every lookup among the arms
+    models_only = Generator(model, tokenizer, [d for d in make() if d.name not in ("pld", "suffix")],
+                            policy="ctx-ucb")
     seen.clear()
-    no_pld.generate(novel, max_new_tokens=10, ignore_eos=True)
-    assert seen == []  # no PLD in the pool: one context
+    models_only.generate(novel, max_new_tokens=10, ignore_eos=True)
+    assert seen == []  # no lookup in the pool: one context
     both = Generator(model, tokenizer, [d for d in make() if d.name != "suffix"], policy="ctx-ucb:on=pld+suffix")
+    assert both.policy.context_on == ("pld", "suffix")  # an explicit ``on`` is kept
     seen.clear()
     both.generate(novel, max_new_tokens=10, ignore_eos=True)
     assert seen and all(len(key) == 2 and key[1] is False for key in seen)  # one entry per named drafter

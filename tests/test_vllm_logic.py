@@ -12,7 +12,8 @@ import pytest
 from draftwise.errors import DraftwiseError
 from draftwise.step_costs import StepCostModel, StepShape, attribute, length_cap
 from draftwise.vllm.batch_view import BatchView, read_view
-from draftwise.vllm.core import EngineFacts, ProposerCore, contextual_spec
+from draftwise.policies.contextual import contextual_spec
+from draftwise.vllm.core import EngineFacts, ProposerCore
 from draftwise.vllm.options import ENV_VAR, ProposerOptions, load_options
 from draftwise.vllm.requests import RequestState, match_rows
 
@@ -140,8 +141,10 @@ def test_default_policy_watches_every_lookup():
     core, _ = make()
     assert [a.name for a in core.arms] == ["pld@8", "suffix@8", "none"]
     assert core.learner.context_on == ("pld", "suffix")
-    assert contextual_spec("ctx-ucb:on=pld", core.pool.templates) == "ctx-ucb:on=pld"
-    assert contextual_spec("metasd-ucb", core.pool.templates) == "metasd-ucb"
+    assert contextual_spec("ctx-ucb:on=pld", ["pld", "suffix"]) == "ctx-ucb:on=pld"
+    assert contextual_spec("ctx-ucb:beta=1", ["suffix", "pld", "suffix"]) == "ctx-ucb:beta=1,on=suffix+pld"
+    assert contextual_spec("metasd-ucb", ["pld", "suffix"]) == "metasd-ucb"
+    assert contextual_spec("ctx-ucb", []) == "ctx-ucb"
 
 
 # -- costs ----------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from draftwise.arms import ArmSettings, build_arms
+from draftwise.arms import ArmSettings, build_arms, lookups_among
 from draftwise.cached_lm import CachedLM
 from draftwise.drafter_bank import attach_banks
 from draftwise.drafters import Drafter, build_drafters
@@ -20,6 +20,7 @@ from draftwise.engine import Engine, QueryOutcome, QuerySettings, StopCheck
 from draftwise.errors import DraftwiseError
 from draftwise.loading import LoadOptions, context_limit, load_causal_lm
 from draftwise.policies import POLICIES, PRESETS, make_policy
+from draftwise.policies.contextual import contextual_spec
 from draftwise.trace import GenerationResult, summarize
 from draftwise.verify import Sampling
 
@@ -71,7 +72,8 @@ class Generator:
         layout, settings = arm_settings(policy, draft_len, arms, max_draft, stops, arm_drafter)
         self.arms = build_arms(layout, self.drafters, settings)
         self.policy_spec = policy
-        self.policy = make_policy(policy, [a.name for a in self.arms], np.random.default_rng(seed))
+        self.policy = make_policy(contextual_spec(policy, lookups_among(self.arms, self.drafters)),
+                                  [a.name for a in self.arms], np.random.default_rng(seed))
         self.engine = Engine(self.target, self.drafters, self.arms, self.policy)
         self.max_context = context_limit(target)
         self.eos_ids = _eos_ids(target, tokenizer)

@@ -7,7 +7,7 @@ Layouts (``--arms``):
 * ``lengths`` — draft lengths 0 (no speculation), 1, …, L of one drafter (BanditSpec §6.2);
 * ``stops`` — the stopping rules of one model drafter, up to a max draft length (TapOut);
 * ``drafters×stops`` — every model drafter with every rule, plus the other drafters as they are;
-* ``cascade`` — draftwise's own: one lookup drafter with long drafts, one *routed* arm over the
+* ``cascade`` — draftwise's own: one lookup drafter (suffix, else PLD) with long drafts, one *routed* arm over the
   model drafters (which one is picked per query by how well each predicts the prompt), and no
   speculation; made for the ``ctx-ucb`` policy (the default);
 * an explicit list ``code@6+svip,pld@3,none`` (``DRAFTER[@LEN][+RULE]``; ``auto@4`` is the routed arm;
@@ -25,6 +25,7 @@ from draftwise.errors import DraftwiseError
 from draftwise.registry import Registry
 
 NONE = "none"
+CASCADE_LOOKUPS = ("suffix", "pld")  # the cascade layout's lookup, in order of preference
 AUTO = "auto"  # the routed arm's drafter name in explicit lists
 TAPOUT_RULES = ("static", "max-confidence", "svip", "adaedl", "svip-difference", "logit-margin")
 
@@ -112,12 +113,15 @@ def routed_arm(drafters: Sequence[Drafter], length: int, stop: str | None = None
 
 @LAYOUTS.register("cascade")
 def cascade_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm]:
-    """One lookup drafter (``arm_drafter``, else ``pld``, else the first lookup) at twice the draft
-    length — proposing costs nothing and, on CPU targets, verifying 8 tokens costs little more than
-    2 — the routed model arm, and no speculation. More lookup arms measured slower (NOTES.md)."""
+    """One lookup drafter (``arm_drafter``, else ``suffix``, else ``pld``, else the first lookup) at
+    twice the draft length — proposing costs nothing and, on CPU targets, verifying 8 tokens costs
+    little more than 2 — the routed model arm, and no speculation. More lookup arms measured slower
+    (NOTES.md); suffix leads because its trie holds the prompt *and* earlier answers, and its
+    drafts were longer on prompts the project never tuned on (BENCHMARKS.md, issue 17)."""
     lookups = [i for i, d in enumerate(drafters) if not isinstance(d, ModelDrafter)]
     names = [drafters[i].name for i in lookups]
-    wanted = settings.drafter or ("pld" if "pld" in names else names[0] if names else None)
+    preferred = [n for n in CASCADE_LOOKUPS if n in names]
+    wanted = settings.drafter or (preferred[0] if preferred else names[0] if names else None)
     if wanted is not None and wanted not in names:
         raise DraftwiseError(
             f"no lookup drafter {wanted!r} for the cascade layout; lookups: {', '.join(names) or 'none'}")
@@ -126,6 +130,12 @@ def cascade_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm
         arms.append(Arm(f"{wanted}@{2 * settings.draft_len}", lookups[names.index(wanted)], 2 * settings.draft_len))
     routed = routed_arm(drafters, settings.draft_len)
     return arms + ([routed] if routed else []) + [Arm(NONE, None, 0)]
+
+
+def lookups_among(arms: Sequence[Arm], drafters: Sequence[Drafter]) -> list[str]:
+    """The lookup drafters the arms draft with (a union arm's too), in order, once each."""
+    indices = [i for arm in arms for i in (arm.drafter, *arm.also) if i is not None]
+    return list(dict.fromkeys(drafters[i].name for i in indices if not isinstance(drafters[i], ModelDrafter)))
 
 
 LAYOUT_ALIASES = {

@@ -41,11 +41,21 @@ Context = tuple[Hashable, ...] | None
 NONE = "none"  # the no-speculation arm (draftwise.arms.NONE, not imported: policies run without torch)
 
 
+def contextual_spec(policy: str, lookups: Sequence[str]) -> str:
+    """``ctx-ucb`` without ``on=`` judges its context by the lookup drafters among its arms (the
+    cascade's one lookup, each lookup of an explicit list): its rule prior leads with the arm whose
+    lookup proposes, so the context must watch exactly those. Other policies are left as they are."""
+    name, _, options = policy.partition(":")
+    if name != "ctx-ucb" or "on=" in options or not lookups:
+        return policy
+    return f"{name}:{options + ',' if options else ''}on={'+'.join(dict.fromkeys(lookups))}"
+
+
 @register_policy("ctx-ucb")
 class ContextualUCBPolicy(UCBPolicy):
     """UCB1 per context (which ``on`` drafters have a proposal), bonus β × mean reward × sqrt(2 ln t / n)."""
 
-    summary = ("draftwise's default: UCB per context (does PLD match this round?) over lookup / routed model "
+    summary = ("draftwise's default: UCB per context (does the lookup match this round?) over lookup / routed model "
                "drafter / none, throughput reward, bonus scaled to the reward, a rule-shaped prior per "
                "context, kept across queries")
     default_arms = "cascade"

@@ -24,12 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from draftwise.arms import NONE, Arm
+from draftwise.arms import NONE, Arm, lookups_among
 from draftwise.drafters import DraftContext
 from draftwise.drafters.pool import DrafterPool
 from draftwise.errors import DraftwiseError
 from draftwise.policies import make_policy
 from draftwise.policies.base import replay
+from draftwise.policies.contextual import contextual_spec
 from draftwise.step_costs import StepCostModel, StepShape, attribute, batch_times, length_cap, load_bucket
 from draftwise.trace import RoundRecord
 from draftwise.vllm.batch_view import BatchView
@@ -59,16 +60,6 @@ def plain_record(record: RoundRecord, arm: int, name: str) -> RoundRecord:
                        position=record.position, verify_s=1.0)
 
 
-def contextual_spec(policy: str, drafters: Sequence[Any]) -> str:
-    """The default policy judges its context by every lookup drafter here (PLD, suffix, REST:
-    does each have a proposal this step?), not by PLD alone, unless ``on`` is given."""
-    name, _, options = policy.partition(":")
-    lookups = [d.name for d in drafters if not hasattr(d, "next_logits")]
-    if name != "ctx-ucb" or "on=" in options or len(lookups) < 2:
-        return policy
-    return f"{name}:{options + ',' if options else ''}on={'+'.join(lookups)}"
-
-
 class ProposerCore:
     """Per-request (or batch-level) learning over a drafter pool; see the module docstring."""
 
@@ -92,7 +83,7 @@ class ProposerCore:
             return
         layout = options.arms or default_arms(options.policy, drafters, self.draft_len)
         self.arms: list[Arm] = make_arms(layout, drafters, self.draft_len)
-        self.policy_spec = contextual_spec(options.policy, drafters)
+        self.policy_spec = contextual_spec(options.policy, lookups_among(self.arms, drafters))
         self.learner = make_policy(self.policy_spec, [a.name for a in self.arms], np.random.default_rng(options.seed))
         if self.learner.full_information:
             raise DraftwiseError(f"policy {options.policy!r} needs full-information feedback (an evaluation "
