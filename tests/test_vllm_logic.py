@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from draftwise.errors import DraftwiseError
+from draftwise.policies.contextual import contextual_spec
 from draftwise.step_costs import StepCostModel, StepShape, attribute, length_cap
 from draftwise.vllm.batch_view import BatchView, read_view
-from draftwise.policies.contextual import contextual_spec
 from draftwise.vllm.core import EngineFacts, ProposerCore
 from draftwise.vllm.options import ENV_VAR, ProposerOptions, load_options
 from draftwise.vllm.requests import RequestState, match_rows
