@@ -285,3 +285,17 @@ def test_learning_carries_across_queries_of_a_batch(tiny_models) -> None:
     results = gen.generate_batch([[1, 2, 3, 4]] * 4, max_new_tokens=12, batch_size=2, ignore_eos=True)
     rounds = sum(r.stats.rounds for r in results)
     assert gen.policy.pulls.sum() - before.sum() == pytest.approx(rounds)
+
+
+def test_lane_learners_hear_what_no_speculation_would_have_earned(tiny_models) -> None:
+    """Every drafted round after the first also credits ``none`` with one token for a plain row's
+    share of the forward; with ``keep`` those counterfactual rounds reach the shared learner too."""
+    gen = _generator(tiny_models, "llama-target", ["pld"], "ucb:keep=true,reward=throughput", arms="pld@4,none")
+    results = gen.generate_batch([[1, 2, 3, 4, 1, 2, 3]] * 4, max_new_tokens=16, batch_size=3, ignore_eos=True)
+    played = [r for result in results for r in result.trace]
+    credited = [r for r in played if r.arm_name != "none" and r.index > 0]
+    assert credited  # pld matched the repeated prompt
+    none = [a.name for a in gen.arms].index("none")
+    assert gen.policy.pulls[none] == pytest.approx(sum(r.arm_name == "none" for r in played) + len(credited))
+    assert gen.policy.pulls.sum() == pytest.approx(len(played) + len(credited))
+    assert gen.policy.sums[none] > 0  # a plain row's tokens per second, from the step-cost model

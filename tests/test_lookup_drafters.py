@@ -165,3 +165,21 @@ def test_pld_skips_single_token_matches_unless_asked() -> None:
     assert build_drafters(["pld:max_ngram=1"], None, None, None)[0].min_ngram == 1  # follows a lower max
     with pytest.raises(DraftwiseError, match="min_ngram must be between 1 and max_ngram"):
         build_drafters(["pld:min_ngram=4"], None, None, None)
+
+
+def test_forgetting_answers_leaves_only_the_query_itself() -> None:
+    """A benchmark's timed run starts without what earlier runs answered to the same prompts."""
+    from draftwise.drafters.base import DraftContext
+    from draftwise.drafters.suffix import SuffixDrafter
+    from draftwise.verify import Sampling
+
+    ctx = DraftContext(Sampling())
+    drafter = SuffixDrafter(depth=8)
+    prompt, answer = [1, 2, 3], list(range(10, 30))
+    drafter.begin_query(prompt)
+    drafter.end_query(prompt + answer, len(prompt))
+    drafter.begin_query(prompt)
+    assert drafter.propose(prompt + answer[:4], 4, ctx).tokens == answer[4:8]  # the stored answer
+    drafter.forget_answers()
+    drafter.begin_query(prompt)
+    assert drafter.propose(prompt + answer[:4], 4, ctx).tokens == [] and not drafter.store

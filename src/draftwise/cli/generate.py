@@ -49,8 +49,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="a drafter (repeatable): model path or hub id, zoo:NAME, zoo:all, pld, suffix, with options "
                    "such as pld:max_ngram=4 (default with the zoo target: zoo:all, pld, suffix; else none)")
     p.add_argument("--policy", default=None, help="drafter-selection policy, e.g. ucb, ucb:beta=0.1, fixed:pld, "
-                   "round-robin, random; 'draftwise policies' lists them (default: ctx-ucb, UCB per 'does PLD match?' "
-                   "context over PLD, a routed model drafter and no speculation)")
+                   "round-robin, random; 'draftwise policies' lists them (default: ctx-ucb, UCB per 'does the lookup "
+                   "match?' context over the suffix lookup (else PLD), a routed model drafter and no speculation)")
     p.add_argument("--draft-len", type=int, default=None, help="draft tokens per round (default 4, or the preset's)")
     p.add_argument("--arms", default=None,
                    help="what the policy chooses among: drafters, lengths, stops, drafters×stops, "
@@ -63,7 +63,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    "(default: static,max-confidence,svip,adaedl,svip-difference,logit-margin)")
     p.add_argument("--arm-drafter", default=None,
                    help="the drafter of the lengths / stops layouts (default: the first), or the "
-                   "lookup of the cascade layout (default: pld)")
+                   "lookup of the cascade layout (default: suffix, else pld)")
     p.add_argument("--drafter-head-dtype", choices=("auto", "float32", "bfloat16"), default=None,
                    help="LM head of small drafters and white-box heads: auto (default) = bfloat16 where the CPU "
                    "multiplies it natively, else float32; outputs are unaffected (the target decides every token)")

@@ -231,6 +231,13 @@ class SuffixDrafter(Drafter):
         self.live, self.live_seen = [], self.response_start if self.share_live else -1
         self.forget_global_matches()
 
+    def forget_answers(self) -> None:
+        """Drop every earlier response: a benchmark's timed run must not draft from the answers
+        an earlier run (a warm-up, another batch size, a repeat) gave to the same prompts."""
+        self.store.clear()
+        self.global_trie = SuffixTrie(self.depth)
+        self.forget_global_matches()
+
     def rejoin(self) -> None:
         """The shared trie was rebuilt without this query's response so far: insert it again."""
         self.forget_global_matches()

@@ -13,6 +13,11 @@ for its ``d`` draft tokens. Throughput rewards therefore see what drafting reall
 batch size: nearly nothing at batch 1, about a plain row's step per draft token when the forward
 is compute-bound — so speculation backs off as the batch grows.
 
+Each lane's learner is also told, every round it drafted, what no speculation would have earned:
+one token for a plain row's share of the forward (``credit_plain``; the vLLM proposer's
+``free_none``). It then weighs every drafting arm against an exact ``none`` from the first rounds —
+which matters under load, where a query's LM drafting holds up the whole batch.
+
 Two ways to decide (``decide``):
 
 * ``"query"`` — each lane's learner picks its own arm (MetaSD's instance-level choice in mixed
@@ -86,7 +91,7 @@ class BatchEngine:
 
     def __init__(self, model: Any, drafters: Sequence[Any], arms: Sequence[Arm], policy: Policy, *,
                  decide: str = "query", fast_drafters: bool = True, head_dtype: str | None = None,
-                 prompt_fit: PromptFit = PromptFit()) -> None:
+                 prompt_fit: PromptFit = PromptFit(), credit_plain: bool = True) -> None:
         if decide not in DECISIONS:
             raise ValueError(f"decide must be one of {', '.join(DECISIONS)}, got {decide!r}")
         self.target = BatchedLM(model)
@@ -94,6 +99,10 @@ class BatchEngine:
         self.arms = list(arms)
         self.policy = policy  # the shared learner: lanes learn on copies (decide="query") or it decides
         self.decide = decide
+        # Per-query learners hear every round what no speculation would have earned (a plain row's
+        # share of the forward, from the cost model): under load their LM arms cost the whole batch
+        # time, and a learner that had to play ``none`` to learn that learned it too late.
+        self.credit_plain = credit_plain
         self.fast_drafters = fast_drafters
         self.head_dtype = head_dtype
         self.prompt_fit = prompt_fit
@@ -188,11 +197,14 @@ class BatchEngine:
         self.costs.observe(shape)
         records = []
         shares = measured_shares(self.costs.coef, shape, [len(plan.draft.tokens) for plan in plans])
+        plain_share = measured_shares(self.costs.coef, shape, [0])[0] if forced is None else 0.0
         for lane, plan, rows, share in zip(lanes, plans, logits, shares):
             record = lane.engine.conclude(lane.query, plan, rows, share, lane.row.choices)
             if record.index == 0:
                 record.verify_s += lane.prefill_s
                 record.draft_s += lane.setup_s
+            elif forced is None and self.credit_plain:
+                lane.engine.credit_plain(plan, record, plain_share)
             records.append(record)
         if forced is not None:
             self._batch_feedback(forced, records, clock() - start)

@@ -169,11 +169,13 @@ class Engine:
         t0 = time.perf_counter()
         key = None
         query.dctx.position = len(query.context)  # coupled sampling: where this round's draft starts
+        proposed: dict[tuple[int, int], Draft] = {}
+        lookup_s = 0.0
         if arm_index is None:
-            arm_index, key = self._select(query)
+            arm_index, key, lookup_s = self._select(query, proposed)
         t1 = time.perf_counter()
-        draft, budget = self._draft(query, arm_index)
-        return Planned(arm_index, draft, budget, t1 - t0, time.perf_counter() - t1, key)
+        draft, budget = self._draft(query, arm_index, proposed)
+        return Planned(arm_index, draft, budget, t1 - t0 - lookup_s, time.perf_counter() - t1 + lookup_s, key)
 
     def target_input(self, query: QueryState, draft: Draft) -> Any:
         """The round's forward for a batched target row (:class:`~draftwise.batched_lm.RowLM`)."""
@@ -206,6 +208,20 @@ class Engine:
         self._feedback(query, record, before, new, verified)
         return record
 
+    def credit_plain(self, planned: Planned, record: RoundRecord, seconds: float) -> None:
+        """Tell a bandit learner what the no-speculation arm would have earned in this round, known
+        without playing it: one token for ``seconds`` (a plain row's share of the forward). Learners
+        then compare every drafting arm with an exact ``none`` from round one instead of paying to
+        find it; the counterfactual joins the history like a played round."""
+        arm = next((i for i, a in enumerate(self.arms) if a.drafter is None), None)
+        if arm is None or arm == record.arm or self.policy.full_information:
+            return
+        plain = RoundRecord(index=record.index, arm=arm, arm_name=self.arms[arm].name, max_draft=0, drafted=0,
+                            accepted=0, emitted=1, position=record.position, verify_s=seconds)
+        self.policy.update(arm, plain)
+        if self.history is not None:
+            self.history.append((planned.key, arm, plain))
+
     def _target_logits(self, query: QueryState, draft: Draft) -> torch.Tensor:
         """3. one target forward over the draft (chain or tree): rows after the context and after
         each draft token (a tree: each node)."""
@@ -213,26 +229,51 @@ class Engine:
             return self.target.logits(query.context + draft.tokens, len(draft.tokens) + 1)  # (n + 1, V)
         return self.target.tree_logits(query.context, draft.tokens, draft.parents)  # (n + 1, V)
 
-    def _select(self, query: QueryState) -> tuple[int, Hashable | None]:
+    def _select(self, query: QueryState, proposed: dict[tuple[int, int], Draft]) -> tuple[int, Hashable | None, float]:
         """1. select an arm (a contextual policy first learns which lookups have a proposal here);
-        returns it and the context it was chosen in (None: no context)."""
-        key = None
-        if self.context_drafters:
-            key = tuple(i is not None and bool(self.drafters[i].propose(query.context, 1, query.dctx).tokens)
-                        for i in self.context_drafters)
-            self.policy.set_context(key)
-        return self.policy.select(), key
+        returns it, the context it was chosen in (None: no context) and the seconds the lookups
+        took. Each lookup proposes at the budget of the arm that would draft with it, and the
+        draft is kept in ``proposed`` for that arm (lookups are deterministic: the same draft)."""
+        if not self.context_drafters:
+            return self.policy.select(), None, 0.0
+        start = time.perf_counter()
+        flags = []
+        for i in self.context_drafters:
+            if i is None:
+                flags.append(False)
+                continue
+            budget = self._lookup_budget(query, i)
+            draft = self.drafters[i].propose(query.context, budget, query.dctx)
+            proposed[(i, budget)] = draft
+            flags.append(bool(draft.tokens))
+        key = tuple(flags)
+        lookup_s = time.perf_counter() - start
+        self.policy.set_context(key)
+        return self.policy.select(), key, lookup_s
 
-    def _draft(self, query: QueryState, arm_index: int) -> tuple[Draft, int]:
-        """2. draft, leaving room for the target's own token within max_new_tokens."""
+    def _lookup_budget(self, query: QueryState, drafter: int) -> int:
+        """The budget a context check proposes at: that of the first plain arm drafting with this
+        lookup (so its draft can be reused), else one token."""
+        arm = next((a for a in self.arms if a.drafter == drafter and a.stop is None and not a.also), None)
+        return max(1, self._budget(query, arm)) if arm is not None else 1
+
+    def _budget(self, query: QueryState, arm: Arm) -> int:
+        return min(arm.draft_len, query.settings.max_new_tokens - query.generated - 1)
+
+    def _draft(self, query: QueryState, arm_index: int,
+               proposed: dict[tuple[int, int], Draft] | None = None) -> tuple[Draft, int]:
+        """2. draft, leaving room for the target's own token within max_new_tokens (a lookup's
+        draft from the context check is reused when it was proposed at this budget)."""
         arm = self.arms[arm_index]
         if arm_index in query.unrouted:  # routed when first played (drafters' work: counted as drafting)
             self._route(query, [arm_index])
-        budget = min(arm.draft_len, query.settings.max_new_tokens - query.generated - 1)
+        budget = self._budget(query, arm)
         drafter = query.arm_drafter[arm_index]
         if drafter is None or budget <= 0:
             return Draft([]), budget
-        draft = self.drafters[drafter].propose(query.context, budget, query.dctx, query.rules[arm_index])
+        known = proposed.get((drafter, budget)) if proposed and query.rules[arm_index] is None else None
+        draft = known if known is not None else self.drafters[drafter].propose(
+            query.context, budget, query.dctx, query.rules[arm_index])
         if arm.also:  # a union of lookups: one trie of every proposal
             draft = union_of([draft, *(self.drafters[i].propose(query.context, budget, query.dctx) for i in arm.also)])
         if draft.parents is not None:  # a tree: its depth (the accepted length) is what the budget bounds
