@@ -47,12 +47,15 @@ def main() -> None:
     parser.add_argument("--config", action="append", required=True, help="LABEL=POLICY[|ARMS[|POOL]] (repeatable)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--pool", default="zoo:all;pld;suffix", help="drafter pool: specs separated by semicolons")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature (coupled sampling: one seed per prompt gives every config the same text)")
     parser.add_argument("--shuffle", type=int, default=None, metavar="SEED",
                         help="run the prompts in a random order (default: grouped by domain, as bench runs them)")
     args = parser.parse_args()
     prompts = dev_prompts(args)
     from draftwise import Generator
     from draftwise.drafters import build_drafters
+    from draftwise.drafters.suffix import SuffixDrafter
     from draftwise.loading import LoadOptions, load_causal_lm
     from draftwise.zoo import resolve_zoo_name
 
@@ -70,17 +73,21 @@ def main() -> None:
         prompts = [prompts[i] for i in np.random.default_rng(args.shuffle).permutation(len(prompts))]
     ids = [generators["ar"].encode(p.text) for p in prompts]
     for gen in generators.values():  # warm-up, untimed
-        gen.generate(ids[0], max_new_tokens=16)
+        gen.generate(ids[0], max_new_tokens=16, temperature=args.temperature)
     totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     for _ in range(args.repeats):
-        for prompt, tokens in zip(prompts, ids):
+        for gen in generators.values():  # every repeat starts cold: no answers from the warm-up or a repeat
+            for drafter in gen.drafters:
+                if isinstance(drafter, SuffixDrafter):
+                    drafter.forget_answers()
+        for index, (prompt, tokens) in enumerate(zip(prompts, ids)):
             reference = None
             for label, gen in generators.items():
                 start = time.perf_counter()
-                out = gen.generate(tokens, max_new_tokens=MAX_NEW)
+                out = gen.generate(tokens, max_new_tokens=MAX_NEW, temperature=args.temperature, seed=index)
                 elapsed = time.perf_counter() - start
                 reference = out.token_ids if reference is None else reference
-                assert out.token_ids == reference, f"{label}: output differs from plain decoding"
+                assert out.token_ids == reference, f"{label}: output differs from plain decoding (same seed)"
                 for key in ((label, "overall"), (label, prompt.domain)):
                     totals[key][0] += elapsed
                     totals[key][1] += len(out.token_ids)

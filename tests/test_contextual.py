@@ -43,11 +43,11 @@ def test_evidence_is_kept_across_queries_at_the_decay() -> None:
     for context in ((True,), (False,)):
         policy.set_context(context)
         policy.update(0, _record(0, 2, 0.01))
-    policy.begin_query()  # keep=True, decay=0.5 by default
+    policy.begin_query()  # keep=True, decay=0.9 by default
     policy.set_context((False,))
-    assert policy.pulls.tolist() == [0.5, 0.0]
+    assert policy.pulls.tolist() == [0.9, 0.0]
     policy.set_context((True,))
-    assert policy.pulls.tolist() == [0.5, 0.0]
+    assert policy.pulls.tolist() == [0.9, 0.0]
     fresh = make_policy("ctx-ucb:keep=false", ["a", "b"], np.random.default_rng(0))
     fresh.begin_query()
     fresh.set_context((True,))
@@ -228,3 +228,47 @@ def test_prompt_fit_leaves_lookups_on_the_whole_prompt(pool) -> None:
     for k in range(0, 30, 3):  # drafting on from the prompt, as the rounds would
         tokens = prompt + more[:k]
         assert gen.drafters[suffix].propose(tokens, 6, ctx).tokens == fresh.propose(tokens, 6, ctx).tokens
+
+
+def test_the_default_hears_what_no_speculation_would_have_earned(pool, monkeypatch) -> None:
+    """Every drafted round, the single-query engine credits ``none`` with one token for the measured
+    cost of a plain round; to know that cost it plays a few plain rounds itself (never round 1,
+    which reads the prompt). The output is the target's own either way."""
+    model, tokenizer, make = pool
+    seed_prompt = [5, 9, 13]
+    plain = Generator(model, tokenizer, [], policy="fixed:0").generate(seed_prompt, max_new_tokens=60, ignore_eos=True)
+    prompt = seed_prompt + plain.token_ids[:30]
+    reference = Generator(model, tokenizer, [], policy="fixed:0").generate(prompt, max_new_tokens=40, ignore_eos=True)
+    from draftwise.engine import Engine
+
+    calibrations = []
+    original = Engine.plan
+
+    def spy(self, query, arm_index=None, in_context=False):
+        calibrations.append(in_context)
+        return original(self, query, arm_index, in_context)
+
+    monkeypatch.setattr(Engine, "plan", spy)
+    gen = Generator(model, tokenizer, make(), policy="ctx-ucb")
+    result = gen.generate(prompt, max_new_tokens=40, ignore_eos=True)
+    assert result.token_ids == reference.token_ids
+    assert calibrations[:4] == [False, True, True, True] and not any(calibrations[4:])
+    clock = gen.engine.plain_rounds
+    assert clock is not None and clock.seconds() is not None and not clock.due()
+    arms = [r.arm_name for r in result.trace]
+    assert arms[0] != "none" or len(arms) == 1  # round 1 is the learner's own choice
+    assert arms[1:4] == ["none"] * 3  # the clock's first measures: plain rounds, played once per engine
+    drafted = sum(1 for r in result.trace if r.drafted > 0)
+    none = gen.policy.arms.index("none")
+    contexts = [gen.policy.pulls, *(p for p, _, _ in gen.policy.stored.values())]
+    heard = sum(float(p[none]) for p in contexts)
+    # every drafted round after the clock was set was credited (no decay within a query)
+    assert heard >= drafted + arms.count("none") - 1
+    calibrations.clear()
+    again = gen.generate(prompt, max_new_tokens=40, ignore_eos=True)
+    assert again.token_ids == reference.token_ids
+    assert calibrations and not any(calibrations)  # the clock is set: the learner chooses every round
+    silent = Generator(model, tokenizer, make(), policy="ctx-ucb:plain=false")
+    assert silent.engine.plain_rounds is None
+    assert silent.generate(prompt, max_new_tokens=40, ignore_eos=True).token_ids == reference.token_ids
+    assert Generator(model, tokenizer, make(), policy="ucb", arms="suffix@8,none").engine.plain_rounds is None

@@ -27,6 +27,8 @@ the measured step split in proportion to the model's shares.
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -176,3 +178,41 @@ def length_cap(coef: np.ndarray, requests: int, max_len: int, acceptance: float)
         if value > best:
             best, best_len = value, length
     return best_len
+
+
+class PlainRounds:
+    """What a round without speculation costs one query alone (seconds, drafting and choosing
+    included): the median of the latest ``keep`` measured rounds that drafted nothing.
+
+    The single-query engine credits its learner with this counterfactual every drafted round (see
+    :meth:`draftwise.engine.loop.Engine.credit_plain`). A model of drafted rounds cannot give it: on
+    a CPU target the first extra token costs far more than the next ones (MEASURED.md: 1 token
+    6.0 ms, 5 tokens 10.4, 9 tokens 12.6), so a line through drafted rounds misses a plain one by a
+    third. The engine plays a plain round itself while fewer than ``need`` are known or none was
+    seen for ``refresh`` rounds (``due``) — at most one round in ``refresh`` once the clock is set.
+
+    >>> clock = PlainRounds(keep=3, need=2)
+    >>> clock.due(), clock.seconds()
+    (True, None)
+    >>> for seconds, drafted in [(0.004, 0), (0.009, 4), (0.006, 0), (0.005, 0)]:
+    ...     clock.observe(seconds, drafted)
+    >>> clock.due(), clock.seconds()
+    (False, 0.005)
+    """
+
+    def __init__(self, keep: int = 8, need: int = 3, refresh: int = 200) -> None:
+        self.times: deque[float] = deque(maxlen=keep)
+        self.need, self.refresh = need, refresh
+        self.since = 0  # rounds since the latest plain one
+
+    def observe(self, seconds: float, drafted: int) -> None:
+        self.since += 1
+        if drafted == 0 and seconds > 0:
+            self.times.append(seconds)
+            self.since = 0
+
+    def due(self) -> bool:
+        return len(self.times) < self.need or self.since >= self.refresh
+
+    def seconds(self) -> float | None:
+        return statistics.median(self.times) if len(self.times) >= self.need else None

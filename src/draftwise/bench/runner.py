@@ -416,16 +416,35 @@ def run_shard(shard: Shard, bench: Workbench | None = None) -> Iterator[dict]:
     settings = config.settings()
     warmup = replace(settings, max_new_tokens=max(1, min(config.warmup_tokens, config.max_new_tokens)))
     methods: dict[str, Any] = {}
+    repeat = shard.jobs[0].repeat if shard.jobs else 0
     for job in shard.jobs:
+        if job.repeat != repeat:  # a repeat runs the same prompts again: it starts cold as the first did
+            repeat = job.repeat
+            for method in methods.values():
+                start_cold(method)
         if job.method not in methods:
             methods[job.method] = build_method(bench, job.method)
             if config.warmup_tokens > 0:
                 first = shard.jobs[0].prompt
                 methods[job.method].run(shard.ids[first], shard.prompts[first].text, config.seed, warmup)
+                start_cold(methods[job.method])
         prompt = shard.prompts[job.prompt]
         seed = row_seed(config.seed, prompt.id, job.repeat)
         out = methods[job.method].run(shard.ids[job.prompt], prompt.text, seed, settings)
         yield make_row(prompt, job, seed, shard.worker, out)
+
+
+def start_cold(method: Any) -> None:
+    """Drop the responses a method's suffix drafters stored: a timed run must not draft from the
+    answer a warm-up or an earlier repeat gave to the same prompt (the store keeps answers to
+    other prompts of the run, as a server's would)."""
+    from draftwise.drafters.suffix import SuffixDrafter  # torch: loaded by the shards that run models
+
+    generators = [getattr(method, "generator", None), *getattr(method, "generators", {}).values()]
+    for generator in generators:
+        for drafter in getattr(generator, "drafters", ()):
+            if isinstance(drafter, SuffixDrafter):
+                drafter.forget_answers()
 
 
 def make_row(prompt: Prompt, job: Job, seed: int, worker: int, out: Any) -> dict:

@@ -22,6 +22,7 @@ from draftwise.engine.query import QuerySettings, QueryState, new_query
 from draftwise.engine.routing import PromptFit, prompt_prior, route
 from draftwise.engine.white_box import HiddenStateFeed
 from draftwise.policies import Policy
+from draftwise.step_costs import PlainRounds
 from draftwise.trace import RoundRecord
 from draftwise.tree import TreeVerdict, fit_tree, tree_depths, union_of, verify_tree_greedy, verify_tree_sampling
 from draftwise.verify import Verdict, acceptance_probs, verify_greedy, verify_sampling, warp
@@ -82,6 +83,10 @@ class Engine:
         # learner (a batched query's learner is a copy; see draftwise.engine.batch).
         self.history: list[tuple[Hashable | None, int, RoundRecord]] | None = None
         self.lasting_rules: dict[int, StopRule] = {}  # arm → a stopping rule that learns across queries
+        # The no-speculation arm, and what its rounds cost, for learners that hear it every round
+        self.none_arm = next((i for i, arm in enumerate(self.arms) if arm.drafter is None), None)
+        hears = self.none_arm is not None and policy.hears_plain and not policy.full_information
+        self.plain_rounds = PlainRounds() if hears else None
 
     # -- a query ------------------------------------------------------------------------------------
     def start(self, prompt: Sequence[int], settings: QuerySettings,
@@ -158,21 +163,30 @@ class Engine:
     def round(self, query: QueryState) -> RoundRecord:
         """One round of ``query``: select → draft → verify → accept → feedback. Returns its record
         (also appended to ``query.records``); sets ``query.stopped_by`` when the query ends here."""
-        planned = self.plan(query)
+        plain = self.plain_rounds
+        calibrate = plain is not None and bool(query.records) and plain.due()
+        planned = self.plan(query, self.none_arm if calibrate else None, in_context=calibrate)
         start = time.perf_counter()
         logits = self._target_logits(query, planned.draft)
-        return self.conclude(query, planned, logits, time.perf_counter() - start)
+        record = self.conclude(query, planned, logits, time.perf_counter() - start)
+        if plain is not None and record.index > 0:  # round 1 also reads the prompt
+            plain.observe(record.seconds, record.drafted)
+            seconds = plain.seconds()
+            if seconds is not None:
+                self.credit_plain(planned, record, seconds)
+        return record
 
-    def plan(self, query: QueryState, arm_index: int | None = None) -> Planned:
+    def plan(self, query: QueryState, arm_index: int | None = None, in_context: bool = False) -> Planned:
         """Select an arm (unless the batch chose one for every query) and draft: everything a round
-        does before its target forward."""
+        does before its target forward. ``in_context``: ``arm_index`` is imposed on the learner (a
+        calibration round), which still learns it in this round's context."""
         t0 = time.perf_counter()
         key = None
         query.dctx.position = len(query.context)  # coupled sampling: where this round's draft starts
         proposed: dict[tuple[int, int], Draft] = {}
         lookup_s = 0.0
-        if arm_index is None:
-            arm_index, key, lookup_s = self._select(query, proposed)
+        if arm_index is None or in_context:
+            arm_index, key, lookup_s = self._select(query, proposed, arm_index)
         t1 = time.perf_counter()
         draft, budget = self._draft(query, arm_index, proposed)
         return Planned(arm_index, draft, budget, t1 - t0 - lookup_s, time.perf_counter() - t1 + lookup_s, key)
@@ -213,7 +227,7 @@ class Engine:
         without playing it: one token for ``seconds`` (a plain row's share of the forward). Learners
         then compare every drafting arm with an exact ``none`` from round one instead of paying to
         find it; the counterfactual joins the history like a played round."""
-        arm = next((i for i, a in enumerate(self.arms) if a.drafter is None), None)
+        arm = self.none_arm
         if arm is None or arm == record.arm or self.policy.full_information:
             return
         plain = RoundRecord(index=record.index, arm=arm, arm_name=self.arms[arm].name, max_draft=0, drafted=0,
@@ -229,13 +243,15 @@ class Engine:
             return self.target.logits(query.context + draft.tokens, len(draft.tokens) + 1)  # (n + 1, V)
         return self.target.tree_logits(query.context, draft.tokens, draft.parents)  # (n + 1, V)
 
-    def _select(self, query: QueryState, proposed: dict[tuple[int, int], Draft]) -> tuple[int, Hashable | None, float]:
+    def _select(self, query: QueryState, proposed: dict[tuple[int, int], Draft],
+                imposed: int | None = None) -> tuple[int, Hashable | None, float]:
         """1. select an arm (a contextual policy first learns which lookups have a proposal here);
-        returns it, the context it was chosen in (None: no context) and the seconds the lookups
-        took. Each lookup proposes at the budget of the arm that would draft with it, and the
-        draft is kept in ``proposed`` for that arm (lookups are deterministic: the same draft)."""
+        returns it (``imposed`` when given: the policy is not asked), the context it was chosen in
+        (None: no context) and the seconds the lookups took. Each lookup proposes at the budget of
+        the arm that would draft with it, and the draft is kept in ``proposed`` for that arm
+        (lookups are deterministic: the same draft)."""
         if not self.context_drafters:
-            return self.policy.select(), None, 0.0
+            return (self.policy.select() if imposed is None else imposed), None, 0.0
         start = time.perf_counter()
         flags = []
         for i in self.context_drafters:
@@ -249,7 +265,7 @@ class Engine:
         key = tuple(flags)
         lookup_s = time.perf_counter() - start
         self.policy.set_context(key)
-        return self.policy.select(), key, lookup_s
+        return (self.policy.select() if imposed is None else imposed), key, lookup_s
 
     def _lookup_budget(self, query: QueryState, drafter: int) -> int:
         """The budget a context check proposes at: that of the first plain arm drafting with this

@@ -39,6 +39,9 @@ class Policy(ABC):
 
     summary: ClassVar[str] = ""  # one line for `draftwise policies`
     full_information: ClassVar[bool] = False  # ask the engine for every arm's feedback each round
+    # Hear, every drafted round, what the ``none`` arm would have earned (measured plain rounds;
+    # the single-query engine plays one now and then to keep that measure): not in the papers.
+    hears_plain: bool = False
     # Contextual learners: names of drafters whose having a proposal this round is the context
     # (the engine asks them before each ``select`` and calls ``set_context``).
     context_on: tuple[str, ...] = ()
