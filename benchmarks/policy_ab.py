@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--pool", default="zoo:all;pld;suffix", help="drafter pool: specs separated by semicolons")
     parser.add_argument("--temperature", type=float, default=0.0,
-                        help="sampling temperature (coupled sampling: one seed per prompt gives every config the same text)")
+                        help="sampling temperature (coupled: one seed per prompt, the same text for every config)")
     parser.add_argument("--shuffle", type=int, default=None, metavar="SEED",
                         help="run the prompts in a random order (default: grouped by domain, as bench runs them)")
     args = parser.parse_args()
