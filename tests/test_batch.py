@@ -299,3 +299,17 @@ def test_lane_learners_hear_what_no_speculation_would_have_earned(tiny_models) -
     assert gen.policy.pulls[none] == pytest.approx(sum(r.arm_name == "none" for r in played) + len(credited))
     assert gen.policy.pulls.sum() == pytest.approx(len(played) + len(credited))
     assert gen.policy.sums[none] > 0  # a plain row's tokens per second, from the step-cost model
+
+
+def test_the_shared_learner_hears_the_rounds_its_lanes_heard(tiny_models) -> None:
+    """A query's first record is charged afterwards with its prompt's prefill (a per-query cost the
+    lane's learner never heard); the replay into the shared learner must not hear it either."""
+    gen = _generator(tiny_models, "llama-target", ["pld"], "ucb:keep=true,reward=throughput", arms="pld@4,none")
+    session = gen.batch_session(2)
+    handle = session.add([1, 2, 3, 4, 1, 2, 3] * 6, max_new_tokens=8, ignore_eos=True)
+    session.step()  # the query joins the batch and plays its first round
+    lane = session.engine.lanes[0]
+    session.run()
+    first = handle.result.trace[0]
+    heard = next(r for _, _, r in lane.engine.history if r.index == 0 and r.arm == first.arm)
+    assert heard is not first and heard.verify_s < first.verify_s  # the prefill stayed out

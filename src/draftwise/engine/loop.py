@@ -218,7 +218,9 @@ class Engine:
         if rule is not None:
             rule.after_costs(record.drafted, record.draft_s, forward_s)
         if self.history is not None:
-            self.history.append((planned.key, arm_index, record))
+            # a copy: the record is charged later with the prompt's prefill (round 1), which the
+            # learner never heard and a replay must not either
+            self.history.append((planned.key, arm_index, replace(record)))
         self._feedback(query, record, before, new, verified)
         return record
 
