@@ -313,3 +313,21 @@ def test_the_shared_learner_hears_the_rounds_its_lanes_heard(tiny_models) -> Non
     first = handle.result.trace[0]
     heard = next(r for _, _, r in lane.engine.history if r.index == 0 and r.arm == first.arm)
     assert heard is not first and heard.verify_s < first.verify_s  # the prefill stayed out
+
+
+def test_the_load_cap_cuts_drafts_and_stops_them_where_nothing_pays(tiny_models) -> None:
+    """Each lane's draft is cut to the length the step-cost model says pays at this load; where no
+    length pays (here: a drafter assumed to accept 1 % of its tokens), no lane drafts. Exact either way."""
+    gen = _generator(tiny_models, "llama-target", ["pld"], "ucb:keep=true,reward=throughput", arms="pld@8,none")
+    prompts = [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]] * 3
+    reference = gen.generate_batch(prompts, max_new_tokens=16, batch_size=3, ignore_eos=True)
+    for cap, most in ((0.01, 0), (0.9, 8)):
+        session = gen.batch_session(3)
+        session.engine.cap_acceptance = cap
+        handles = [session.add(p, max_new_tokens=16, ignore_eos=True) for p in prompts]
+        session.run()
+        rounds = [r for h in handles for r in h.result.trace]
+        assert [h.result.token_ids for h in handles] == [r.token_ids for r in reference]
+        assert max(r.drafted for r in rounds) <= most
+        if most == 0:
+            assert {r.arm_name for r in rounds} == {"none"}

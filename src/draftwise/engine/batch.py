@@ -16,7 +16,12 @@ is compute-bound — so speculation backs off as the batch grows.
 Each lane's learner is also told, every round it drafted, what no speculation would have earned:
 one token for a plain row's share of the forward (``credit_plain``; the vLLM proposer's
 ``free_none``). It then weighs every drafting arm against an exact ``none`` from the first rounds —
-which matters under load, where a query's LM drafting holds up the whole batch.
+which matters under load, where a query's LM drafting holds up the whole batch. And every lane's
+draft is cut to the length that pays most at this batch size for a drafter accepting each token
+with probability ``cap_acceptance`` (0.9; the vLLM proposer's load cap,
+:func:`~draftwise.step_costs.length_cap`); where no length pays, no lane drafts and each plays
+``none``. On the dev set it gave +3 % / +5 % tokens/s to the default at B = 16 / 32 (one run each,
+within noise; BENCHMARKS.md) and nothing at B = 1.
 
 Two ways to decide (``decide``):
 
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,7 +56,7 @@ from draftwise.engine.query import QuerySettings, QueryState
 from draftwise.engine.routing import PromptFit
 from draftwise.policies import Policy, make_policy
 from draftwise.policies.base import replay
-from draftwise.step_costs import StepCostModel, StepShape, measured_shares
+from draftwise.step_costs import StepCostModel, StepShape, length_cap, measured_shares
 from draftwise.trace import RoundRecord
 
 log = logging.getLogger(__name__)
@@ -91,7 +97,8 @@ class BatchEngine:
 
     def __init__(self, model: Any, drafters: Sequence[Any], arms: Sequence[Arm], policy: Policy, *,
                  decide: str = "query", fast_drafters: bool = True, head_dtype: str | None = None,
-                 prompt_fit: PromptFit = PromptFit(), credit_plain: bool = True) -> None:
+                 prompt_fit: PromptFit = PromptFit(), credit_plain: bool = True,
+                 cap_acceptance: float = 0.9) -> None:
         if decide not in DECISIONS:
             raise ValueError(f"decide must be one of {', '.join(DECISIONS)}, got {decide!r}")
         self.target = BatchedLM(model)
@@ -103,6 +110,7 @@ class BatchEngine:
         # share of the forward, from the cost model): under load their LM arms cost the whole batch
         # time, and a learner that had to play ``none`` to learn that learned it too late.
         self.credit_plain = credit_plain
+        self.cap_acceptance = cap_acceptance
         self.fast_drafters = fast_drafters
         self.head_dtype = head_dtype
         self.prompt_fit = prompt_fit
@@ -185,10 +193,15 @@ class BatchEngine:
         clock = time.perf_counter
         start = clock()
         forced = self.policy.select() if self.decide == "batch" else None
+        cap = self._length_cap(len(lanes)) if forced is None else sys.maxsize
         plans = []
         for lane in lanes:
             self.pool.refresh(lane.engine.drafters)
-            plans.append(lane.engine.plan(lane.query, forced))
+            lane.engine.length_cap = cap
+            if cap == 0 and lane.engine.none_arm is not None:  # nothing pays at this load: no draft
+                plans.append(lane.engine.plan(lane.query, lane.engine.none_arm, in_context=True))
+            else:
+                plans.append(lane.engine.plan(lane.query, forced))
         inputs = [lane.engine.target_input(lane.query, plan.draft) for lane, plan in zip(lanes, plans)]
         forward_start = clock()
         logits = self.target.run(inputs, argmax=any(lane.query.settings.sampling.greedy for lane in lanes))
@@ -214,6 +227,15 @@ class BatchEngine:
         timing.forward_s += seconds
         timing.draft_s += sum(plan.draft_s for plan in plans)
         return [lane for lane in lanes if lane.query.finished]
+
+    def _length_cap(self, requests: int) -> int:
+        """Per-query decisions: every lane's draft is cut to the length that pays most at this load
+        for a drafter accepting each token with ``cap_acceptance`` (the vLLM proposer's cap); at 0,
+        no lane drafts. ``cap_acceptance`` 0 turns the cap off."""
+        if self.cap_acceptance <= 0:
+            return sys.maxsize
+        longest = max((arm.draft_len for arm in self.arms), default=0)
+        return length_cap(self.costs.coef, requests, longest, self.cap_acceptance)
 
     def _batch_feedback(self, arm: int, records: list[RoundRecord], seconds: float) -> None:
         """``decide="batch"``: the batch learner's reward is the round's throughput (all rows' tokens

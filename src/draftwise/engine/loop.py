@@ -7,6 +7,7 @@ round produces at least one token and the output is exactly what the target alon
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
@@ -87,6 +88,8 @@ class Engine:
         self.none_arm = next((i for i, arm in enumerate(self.arms) if arm.drafter is None), None)
         hears = self.none_arm is not None and policy.hears_plain and not policy.full_information
         self.plain_rounds = PlainRounds() if hears else None
+        # A batch's load-aware cap on every draft (draftwise.step_costs.length_cap); alone: none
+        self.length_cap = sys.maxsize
 
     # -- a query ------------------------------------------------------------------------------------
     def start(self, prompt: Sequence[int], settings: QuerySettings,
@@ -276,7 +279,7 @@ class Engine:
         return max(1, self._budget(query, arm)) if arm is not None else 1
 
     def _budget(self, query: QueryState, arm: Arm) -> int:
-        return min(arm.draft_len, query.settings.max_new_tokens - query.generated - 1)
+        return min(arm.draft_len, self.length_cap, query.settings.max_new_tokens - query.generated - 1)
 
     def _draft(self, query: QueryState, arm_index: int,
                proposed: dict[tuple[int, int], Draft] | None = None) -> tuple[Draft, int]:
