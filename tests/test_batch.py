@@ -331,3 +331,32 @@ def test_the_load_cap_cuts_drafts_and_stops_them_where_nothing_pays(tiny_models)
         assert max(r.drafted for r in rounds) <= most
         if most == 0:
             assert {r.arm_name for r in rounds} == {"none"}
+
+
+def test_model_drafter_arms_are_blocked_where_their_tokens_cannot_pay(tiny_models) -> None:
+    """Once a model drafter's tokens are known to cost more than any draft of theirs can earn at
+    this load (here: a second each), no lane plays its arm; UCB skips it, lookups stay open."""
+    drafter = str(tiny_models["llama-twin"])
+    gen = _generator(tiny_models, "llama-target", [drafter, "pld"], "ucb:keep=true,reward=throughput",
+                     arms="llama-twin@4,pld@4,none")
+    prompts = [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]] * 3
+    session = gen.batch_session(3)
+    assert session.engine.model_arms == frozenset({0})
+    session.engine.model_token_s.extend([1.0] * 4)
+    handles = [session.add(p, max_new_tokens=16, ignore_eos=True) for p in prompts]
+    session.run()
+    assert all(r.arm_name != "llama-twin@4" for h in handles for r in h.result.trace)
+    assert session.engine._unaffordable(3) == frozenset({0})  # the lookup's arm stays open
+    for prompt, handle in zip(prompts, handles):
+        assert_exact(gen.model, prompt, handle.result.token_ids, 16, frozenset(), "blocked model arm")
+    free = gen.batch_session(3)  # nothing measured yet: model arms are tried
+    free_handles = [free.add(p, max_new_tokens=16, ignore_eos=True) for p in prompts]
+    free.run()
+    assert any(r.arm_name == "llama-twin@4" for h in free_handles for r in h.result.trace)
+    rolling = _generator(tiny_models, "llama-target", [drafter, "pld"], "round-robin", arms="llama-twin@4,pld@4,none")
+    blocked = rolling.batch_session(3)  # a learner that cannot skip an arm: the lane plays none instead
+    blocked.engine.model_token_s.extend([1.0] * 4)
+    rolled = [blocked.add(p, max_new_tokens=16, ignore_eos=True) for p in prompts]
+    blocked.run()
+    arms = [r.arm_name for h in rolled for r in h.result.trace]
+    assert "llama-twin@4" not in arms and "pld@4" in arms and "none" in arms

@@ -157,7 +157,7 @@ def load_bucket(requests: int) -> int:
 MIN_GAIN = 1.1  # a length must promise 10 % over a plain step: the cost model is an estimate
 
 
-def length_cap(coef: np.ndarray, requests: int, max_len: int, acceptance: float) -> int:
+def length_cap(coef: np.ndarray, requests: int, max_len: int, acceptance: float, token_s: float = 0.0) -> int:
     """The draft length worth the most at this load for a drafter whose every token is accepted
     with probability ``acceptance`` (an optimistic one, 0.9 by default): argmax over L of
     (1 + Σ_{k≤L} α^k) / (1 + L·c / (a/R + b)), 0 when no length promises ``MIN_GAIN`` × a plain step.
@@ -169,8 +169,14 @@ def length_cap(coef: np.ndarray, requests: int, max_len: int, acceptance: float)
     >>> coef = np.array([8e-3, 5e-4, 1e-3, 0.0])
     >>> [length_cap(coef, r, 8, 0.9) for r in (1, 4, 16, 32)]
     [8, 4, 0, 0]
+
+    ``token_s``: what drafting one token costs besides verifying it (a model drafter's forward,
+    which in a batch holds up every row): a model drafter stops paying at a lower load.
+
+    >>> [length_cap(coef, r, 8, 0.9, token_s=2e-3) for r in (1, 4)]
+    [4, 0]
     """
-    ratio = float(coef[2]) / request_share(coef, requests, 0)
+    ratio = (float(coef[2]) + token_s) / request_share(coef, requests, 0)
     best, best_len, gained = MIN_GAIN, 0, 1.0
     for length in range(1, max_len + 1):
         gained += acceptance**length

@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import copy
 import logging
+import statistics
 import sys
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +52,7 @@ import torch
 from draftwise.arms import Arm
 from draftwise.batched_lm import BatchedLM, RowLM
 from draftwise.drafter_bank import attach_banks
+from draftwise.drafters.base import ModelDrafter
 from draftwise.drafters.pool import DrafterPool
 from draftwise.engine.loop import Engine, QueryOutcome
 from draftwise.engine.query import QuerySettings, QueryState
@@ -111,6 +114,13 @@ class BatchEngine:
         # time, and a learner that had to play ``none`` to learn that learned it too late.
         self.credit_plain = credit_plain
         self.cap_acceptance = cap_acceptance
+        # Arms drafting with a model (routed arms: every candidate is one), and what one of their
+        # draft tokens costs a lane (median of recent rounds: a first round's routing and prefill
+        # are spikes): under load they are blocked for every lane (``_unaffordable``).
+        self.model_arms = frozenset(
+            a for a, arm in enumerate(self.arms)
+            if arm.drafter is not None and isinstance(self.pool.templates[arm.drafter], ModelDrafter))
+        self.model_token_s: deque[float] = deque(maxlen=32)
         self.fast_drafters = fast_drafters
         self.head_dtype = head_dtype
         self.prompt_fit = prompt_fit
@@ -194,10 +204,12 @@ class BatchEngine:
         start = clock()
         forced = self.policy.select() if self.decide == "batch" else None
         cap = self._length_cap(len(lanes)) if forced is None else sys.maxsize
+        blocked = self._unaffordable(len(lanes)) if forced is None else frozenset()
         plans = []
         for lane in lanes:
             self.pool.refresh(lane.engine.drafters)
             lane.engine.length_cap = cap
+            lane.engine.policy.blocked = blocked
             if cap == 0 and lane.engine.none_arm is not None:  # nothing pays at this load: no draft
                 plans.append(lane.engine.plan(lane.query, lane.engine.none_arm, in_context=True))
             else:
@@ -218,6 +230,8 @@ class BatchEngine:
                 record.draft_s += lane.setup_s
             elif forced is None and self.credit_plain:
                 lane.engine.credit_plain(plan, record, plain_share)
+            if plan.arm in self.model_arms and record.drafted > 0:
+                self.model_token_s.append(plan.draft_s / record.drafted)
             records.append(record)
         if forced is not None:
             self._batch_feedback(forced, records, clock() - start)
@@ -236,6 +250,18 @@ class BatchEngine:
             return sys.maxsize
         longest = max((arm.draft_len for arm in self.arms), default=0)
         return length_cap(self.costs.coef, requests, longest, self.cap_acceptance)
+
+    def _unaffordable(self, requests: int) -> frozenset[int]:
+        """The model-drafter arms when, at this load, no draft length of theirs pays even for a
+        drafter accepting ``cap_acceptance`` of its tokens: a lane's model drafting costs its
+        tokens' verification *and* their forwards, run lane by lane while every row waits."""
+        if self.cap_acceptance <= 0 or not self.model_arms or len(self.model_token_s) < 4:
+            return frozenset()
+        longest = max(self.arms[a].draft_len for a in self.model_arms)
+        token_s = statistics.median(self.model_token_s)
+        if length_cap(self.costs.coef, requests, longest, self.cap_acceptance, token_s) > 0:
+            return frozenset()
+        return self.model_arms
 
     def _batch_feedback(self, arm: int, records: list[RoundRecord], seconds: float) -> None:
         """``decide="batch"``: the batch learner's reward is the round's throughput (all rows' tokens

@@ -256,7 +256,7 @@ class Engine:
         the arm that would draft with it, and the draft is kept in ``proposed`` for that arm
         (lookups are deterministic: the same draft)."""
         if not self.context_drafters:
-            return (self.policy.select() if imposed is None else imposed), None, 0.0
+            return (self._choose() if imposed is None else imposed), None, 0.0
         start = time.perf_counter()
         flags = []
         for i in self.context_drafters:
@@ -270,7 +270,12 @@ class Engine:
         key = tuple(flags)
         lookup_s = time.perf_counter() - start
         self.policy.set_context(key)
-        return (self.policy.select() if imposed is None else imposed), key, lookup_s
+        return (self._choose() if imposed is None else imposed), key, lookup_s
+
+    def _choose(self) -> int:
+        """The policy's arm, or ``none`` where it chose an arm the batch blocked this round."""
+        arm = self.policy.select()
+        return self.none_arm if arm in self.policy.blocked and self.none_arm is not None else arm
 
     def _lookup_budget(self, query: QueryState, drafter: int) -> int:
         """The budget a context check proposes at: that of the first plain arm drafting with this

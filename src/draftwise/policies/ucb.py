@@ -101,6 +101,8 @@ class UCBPolicy(MeanRewardPolicy):
         scale = 2.0 * math.log(max(t, 1.0))
         weight = self.bonus_weight()
         index = [s / n + weight * math.sqrt(scale / n) if n > 0 else math.inf for s, n in zip(sums, pulls)]
+        for arm in self.blocked:
+            index[arm] = -math.inf
         return argmax_random_tie(index, self.rng)
 
     def state_dict(self) -> dict[str, Any]:
