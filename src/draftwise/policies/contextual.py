@@ -62,7 +62,7 @@ class ContextualUCBPolicy(UCBPolicy):
 
     summary = ("draftwise's default: UCB per context (does the lookup match this round?) over lookup / routed model "
                "drafter / none, throughput reward, bonus scaled to the reward, a rule-shaped prior per "
-               "context, kept across queries")
+               "context, kept across queries; hears every round what no speculation would have earned")
     default_arms = "cascade"
 
     def __init__(
