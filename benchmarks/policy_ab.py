@@ -55,7 +55,7 @@ def main() -> None:
     prompts = dev_prompts(args)
     from draftwise import Generator
     from draftwise.drafters import build_drafters
-    from draftwise.drafters.suffix import SuffixDrafter
+    from draftwise.drafters.suffix import forget_stored_answers
     from draftwise.loading import LoadOptions, load_causal_lm
     from draftwise.zoo import resolve_zoo_name
 
@@ -77,9 +77,7 @@ def main() -> None:
     totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     for _ in range(args.repeats):
         for gen in generators.values():  # every repeat starts cold: no answers from the warm-up or a repeat
-            for drafter in gen.drafters:
-                if isinstance(drafter, SuffixDrafter):
-                    drafter.forget_answers()
+            forget_stored_answers(gen.drafters)
         for index, (prompt, tokens) in enumerate(zip(prompts, ids)):
             reference = None
             for label, gen in generators.items():

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from draftwise.bench.methods import Workbench, eos_ids
-from draftwise.drafters.suffix import SuffixDrafter
+from draftwise.drafters.suffix import forget_stored_answers
 from draftwise.errors import DraftwiseError
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,7 @@ def interleave_domains(prompts: Sequence[Any]) -> list[int]:
 
 def engine_runner(generator: Any, decide: str = "query") -> Runner:
     def run(prompts: Sequence[list[int]], batch: int, max_new: int) -> BatchRun:
-        for drafter in generator.drafters:  # every run starts cold: no answers from earlier runs
-            if isinstance(drafter, SuffixDrafter):
-                drafter.forget_answers()
+        forget_stored_answers(generator.drafters)  # every run starts cold: no answers from earlier runs
         start = time.perf_counter()
         session = generator.batch_session(batch, decide)
         handles = [session.add(p, max_new_tokens=max_new) for p in prompts]

@@ -438,13 +438,11 @@ def start_cold(method: Any) -> None:
     """Drop the responses a method's suffix drafters stored: a timed run must not draft from the
     answer a warm-up or an earlier repeat gave to the same prompt (the store keeps answers to
     other prompts of the run, as a server's would)."""
-    from draftwise.drafters.suffix import SuffixDrafter  # torch: loaded by the shards that run models
+    from draftwise.drafters.suffix import forget_stored_answers  # torch: loaded by the shards that run models
 
     generators = [getattr(method, "generator", None), *getattr(method, "generators", {}).values()]
     for generator in generators:
-        for drafter in getattr(generator, "drafters", ()):
-            if isinstance(drafter, SuffixDrafter):
-                drafter.forget_answers()
+        forget_stored_answers(getattr(generator, "drafters", ()))
 
 
 def make_row(prompt: Prompt, job: Job, seed: int, worker: int, out: Any) -> dict:

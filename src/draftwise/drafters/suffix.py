@@ -17,7 +17,7 @@ says less than a shorter one seen often.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,3 +317,11 @@ class SuffixDrafter(Drafter):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "depth": self.depth, "factor": self.factor,
                 "min_prob": self.min_prob, "store_tokens": self.store_tokens, "branches": self.branches}
+
+
+def forget_stored_answers(drafters: Iterable[Drafter]) -> None:
+    """Empty the answer store of every suffix drafter among ``drafters`` (others are left alone):
+    a benchmark's timed run starts cold, not drafting from a warm-up's or a repeat's answers."""
+    for drafter in drafters:
+        if isinstance(drafter, SuffixDrafter):
+            drafter.forget_answers()

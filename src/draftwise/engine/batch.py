@@ -19,9 +19,9 @@ one token for a plain row's share of the forward (``credit_plain``; the vLLM pro
 which matters under load, where a query's LM drafting holds up the whole batch. And every lane's
 draft is cut to the length that pays most at this batch size for a drafter accepting each token
 with probability ``cap_acceptance`` (0.9; the vLLM proposer's load cap,
-:func:`~draftwise.step_costs.length_cap`); where no length pays, no lane drafts and each plays
-``none``. On the dev set it gave +3 % / +5 % tokens/s to the default at B = 16 / 32 (one run each,
-within noise; BENCHMARKS.md) and nothing at B = 1.
+:func:`~draftwise.step_costs.length_cap`); where no length pays, every drafting arm is blocked for
+the round and each lane plays ``none``. On the dev set it gave +3 % / +5 % tokens/s to the
+default at B = 16 / 32 (one run each, within noise; BENCHMARKS.md) and nothing at B = 1.
 
 Two ways to decide (``decide``):
 
@@ -121,6 +121,7 @@ class BatchEngine:
             a for a, arm in enumerate(self.arms)
             if arm.drafter is not None and isinstance(self.pool.templates[arm.drafter], ModelDrafter))
         self.model_token_s: deque[float] = deque(maxlen=32)
+        self.drafting_arms = frozenset(a for a, arm in enumerate(self.arms) if arm.drafter is not None)
         self.fast_drafters = fast_drafters
         self.head_dtype = head_dtype
         self.prompt_fit = prompt_fit
@@ -204,16 +205,13 @@ class BatchEngine:
         start = clock()
         forced = self.policy.select() if self.decide == "batch" else None
         cap = self._length_cap(len(lanes)) if forced is None else sys.maxsize
-        blocked = self._unaffordable(len(lanes)) if forced is None else frozenset()
+        blocked = self._unaffordable(len(lanes), cap) if forced is None else frozenset()
         plans = []
         for lane in lanes:
             self.pool.refresh(lane.engine.drafters)
             lane.engine.length_cap = cap
             lane.engine.policy.blocked = blocked
-            if cap == 0 and lane.engine.none_arm is not None:  # nothing pays at this load: no draft
-                plans.append(lane.engine.plan(lane.query, lane.engine.none_arm, in_context=True))
-            else:
-                plans.append(lane.engine.plan(lane.query, forced))
+            plans.append(lane.engine.plan(lane.query, forced))
         inputs = [lane.engine.target_input(lane.query, plan.draft) for lane, plan in zip(lanes, plans)]
         forward_start = clock()
         logits = self.target.run(inputs, argmax=any(lane.query.settings.sampling.greedy for lane in lanes))
@@ -251,10 +249,13 @@ class BatchEngine:
         longest = max((arm.draft_len for arm in self.arms), default=0)
         return length_cap(self.costs.coef, requests, longest, self.cap_acceptance)
 
-    def _unaffordable(self, requests: int) -> frozenset[int]:
-        """The model-drafter arms when, at this load, no draft length of theirs pays even for a
-        drafter accepting ``cap_acceptance`` of its tokens: a lane's model drafting costs its
+    def _unaffordable(self, requests: int, cap: int) -> frozenset[int]:
+        """Arms no lane may play this round: every drafting arm where no length pays at all
+        (``cap`` 0), else the model-drafter arms when no draft length of theirs pays even for a
+        drafter accepting ``cap_acceptance`` of its tokens — a lane's model drafting costs its
         tokens' verification *and* their forwards, run lane by lane while every row waits."""
+        if cap == 0:
+            return self.drafting_arms
         if self.cap_acceptance <= 0 or not self.model_arms or len(self.model_token_s) < 4:
             return frozenset()
         longest = max(self.arms[a].draft_len for a in self.model_arms)
