@@ -132,6 +132,34 @@ def test_pool_copies_draft_from_each_others_growing_responses() -> None:
     assert pool.templates[0].global_trie.suffix_nodes([10, 11, 12, 13])  # found again
 
 
+def test_a_full_store_is_rebuilt_once_per_quarter_of_its_budget() -> None:
+    """A full store evicts down to ¾ of its budget: the trie is rebuilt once per quarter budget of
+    new responses, not after every one (a rebuild of the default store takes ≈ 1.5 s), and it
+    always holds exactly the stored responses."""
+    from draftwise.drafters.suffix import ROOT_NODE, SuffixDrafter
+
+    def counts(trie: SuffixTrie) -> list[tuple[tuple[int, ...], int]]:
+        out, stack = [], [((), ROOT_NODE)]
+        while stack:
+            path, node = stack.pop()
+            out += [(path, trie.count[node])] if path else []
+            stack += [((*path, t), child) for t, child in trie.children(node)]
+        return sorted(out)
+
+    drafter = SuffixDrafter(depth=6, store_tokens=100)
+    rebuilds, trie = 0, drafter.global_trie
+    for i in range(40):  # 400 tokens of responses through a 100-token store
+        drafter.end_query([0, *range(10 * i, 10 * i + 10)], 1)
+        rebuilds += drafter.global_trie is not trie
+        trie = drafter.global_trie
+        assert sum(map(len, drafter.store)) <= 100
+    assert 0 < rebuilds <= 300 // 25  # at least a quarter budget (25) of new tokens between rebuilds; not 30
+    expected = SuffixTrie(6)
+    for response in drafter.store:
+        expected.add_sequence(response)
+    assert counts(drafter.global_trie) == counts(expected)
+
+
 def test_fast_first_tokens_along_equal_proposing_at_every_position() -> None:
     """The evaluation phase's shortcut for lookups gives what propose(…, 1) gives, store included."""
     from draftwise.drafters.base import DraftContext, Drafter

@@ -225,6 +225,12 @@ def branching_continuations(trie: SuffixTrie, node: Node, max_len: int, min_prob
     return tokens, parents
 
 
+# A full store evicts down to this fraction of its budget: the trie (which cannot drop a response)
+# is then rebuilt once per quarter budget of new responses, not after every one — a rebuild of
+# the default 100,000 tokens takes ≈ 1.5 s, a stall of every request a server is running.
+EVICT_TO = 0.75
+
+
 @DRAFTERS.register("suffix")
 class SuffixDrafter(Drafter):
     """Suffix-trie drafter over prompt + generated tokens, plus a global store of earlier responses."""
@@ -299,7 +305,7 @@ class SuffixDrafter(Drafter):
             if not inserted:
                 self.global_trie.add_sequence(self.store[-1])
             return
-        while stored > self.store_tokens:  # evict the oldest responses, then rebuild once
+        while len(self.store) > 1 and stored > EVICT_TO * self.store_tokens:  # evict the oldest, rebuild once
             stored -= len(self.store.popleft())
         self.forget_global_matches()  # they were nodes of the old trie
         self.global_trie = SuffixTrie(self.depth)
