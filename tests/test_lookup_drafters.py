@@ -4,7 +4,50 @@ from __future__ import annotations
 
 import random
 
-from draftwise.drafters.suffix import SuffixTrie
+from draftwise.drafters.suffix import ROOT_NODE, SuffixTrie
+
+
+def substring_counts(trie: SuffixTrie) -> dict[tuple[int, ...], int]:
+    """Every path of the trie (nodes and the count-1 paths below them) with its count."""
+    out, stack = {}, [((), ROOT_NODE)]
+    while stack:
+        path, loc = stack.pop()
+        if path:
+            out[path] = trie.count_at(loc)
+        stack += [((*path, t), child) for t, child in trie.children(loc)]
+    return out
+
+
+def test_every_substring_is_counted_as_often_as_it_occurs() -> None:
+    """The trie's paths are exactly the substrings of at most ``depth`` tokens of what was put in
+    (separate sequences, the own stream, and streams growing side by side), each counted as often
+    as it occurs — though it makes nodes only for substrings that occurred before."""
+    rng = random.Random(3)
+    for depth in (2, 3, 6, 24):
+        trie = SuffixTrie(depth)
+        sequences: list[list[int]] = [[]]  # the own stream first
+        growing = [trie.new_stream() for _ in range(3)]
+        grown: list[list[int]] = [[] for _ in growing]
+        for _ in range(300):
+            tokens = [rng.randrange(4) for _ in range(rng.randint(1, 4))]
+            where = rng.randrange(5)
+            if where == 0:
+                trie.extend(tokens)
+                sequences[0] += tokens
+            elif where == 1:
+                trie.add_sequence(tokens * rng.randint(1, 3))
+                sequences.append(tokens * (len(trie.streams[-1]) // len(tokens)))
+            else:
+                trie.grow(growing[where - 2], tokens)
+                grown[where - 2] += tokens
+        expected: dict[tuple[int, ...], int] = {}
+        for seq in sequences + grown:
+            for end in range(1, len(seq) + 1):
+                for length in range(1, min(depth, end) + 1):
+                    key = tuple(seq[end - length : end])
+                    expected[key] = expected.get(key, 0) + 1
+        assert substring_counts(trie) == expected
+        assert len(trie.count) <= len(expected) + 1  # never more nodes than paths (the root aside)
 
 
 def test_advancing_suffix_nodes_equals_walking_every_suffix() -> None:
@@ -38,6 +81,8 @@ def test_the_followed_child_is_the_most_frequent_first_created_among_equals() ->
     for _ in range(30):
         trie.add_sequence([rng.randrange(5) for _ in range(rng.randint(1, 30))])
         for node in range(len(trie.count)):
+            if trie.count[node] == 1:
+                continue  # seen once: no child nodes, its continuation is read from its stream
             children = trie.children(node)
             expected = max(children, key=lambda item: trie.count[item[1]])[1] if children else NO_CHILD
             assert trie.best[node] == expected
@@ -98,7 +143,7 @@ def test_pool_copies_draft_from_each_others_growing_responses() -> None:
     does not insert them twice, and after an eviction rebuild a growing response is re-inserted."""
     from draftwise.drafters.base import DraftContext
     from draftwise.drafters.pool import DrafterPool
-    from draftwise.drafters.suffix import ROOT_NODE, SuffixDrafter, SuffixTrie
+    from draftwise.drafters.suffix import SuffixDrafter, SuffixTrie
     from draftwise.verify import Sampling
 
     ctx = DraftContext(Sampling())
@@ -109,20 +154,12 @@ def test_pool_copies_draft_from_each_others_growing_responses() -> None:
     pool.refresh([b])
     assert b.propose([4, 5, 6, 10, 11, 12], 4, ctx).tokens == [13, 14, 15]  # factor 1 × a 3-token match
 
-    def counts(trie: SuffixTrie) -> list[tuple[tuple[int, ...], int]]:
-        out, stack = [], [((), ROOT_NODE)]
-        while stack:
-            path, node = stack.pop()
-            out += [(path, trie.count[node])] if path else []
-            stack += [((*path, t), child) for t, child in trie.children(node)]
-        return sorted(out)
-
     pool.finish([1, 2, 3, *answer], 3)
     rebuilt = SuffixTrie(8)
     for response in pool.templates[0].store:
         rebuilt.add_sequence(response)
     rebuilt.add_sequence([10, 11, 12])  # b's response so far is in the shared trie too
-    assert counts(pool.templates[0].global_trie) == counts(rebuilt)
+    assert substring_counts(pool.templates[0].global_trie) == substring_counts(rebuilt)
 
     for start in (30, 50, 70, 90, 110):  # more finished responses than the store keeps: a rebuild
         pool.finish([0, *range(start, start + 20)], 1)
@@ -136,15 +173,7 @@ def test_a_full_store_is_rebuilt_once_per_quarter_of_its_budget() -> None:
     """A full store evicts down to ¾ of its budget: the trie is rebuilt once per quarter budget of
     new responses, not after every one (a rebuild of the default store takes ≈ 1.5 s), and it
     always holds exactly the stored responses."""
-    from draftwise.drafters.suffix import ROOT_NODE, SuffixDrafter
-
-    def counts(trie: SuffixTrie) -> list[tuple[tuple[int, ...], int]]:
-        out, stack = [], [((), ROOT_NODE)]
-        while stack:
-            path, node = stack.pop()
-            out += [(path, trie.count[node])] if path else []
-            stack += [((*path, t), child) for t, child in trie.children(node)]
-        return sorted(out)
+    from draftwise.drafters.suffix import SuffixDrafter
 
     drafter = SuffixDrafter(depth=6, store_tokens=100)
     rebuilds, trie = 0, drafter.global_trie
@@ -157,7 +186,7 @@ def test_a_full_store_is_rebuilt_once_per_quarter_of_its_budget() -> None:
     expected = SuffixTrie(6)
     for response in drafter.store:
         expected.add_sequence(response)
-    assert counts(drafter.global_trie) == counts(expected)
+    assert substring_counts(drafter.global_trie) == substring_counts(expected)
 
 
 def test_fast_first_tokens_along_equal_proposing_at_every_position() -> None:

@@ -26,19 +26,40 @@ from draftwise.errors import DraftwiseError
 from draftwise.tree import ROOT
 
 Node = int  # a trie node: its index in the trie's per-node lists (0: the root)
+Location = int  # a node (≥ 0), or a point past a node along its one occurrence (< 0, see SuffixTrie)
 ROOT_NODE: Node = 0
 NO_CHILD = -1
 _SHIFT = 32  # an edge's key: parent << 32 | token (token ids are below 2**32)
+_PAST = 1 << 16  # a point `extra` tokens past node n: −1 − (n · 2**16 + extra)
+
+
+@dataclass
+class Stream:
+    """A sequence growing in a trie: its id and the nodes of its current suffixes, shortest first
+    (those that are nodes: see :class:`SuffixTrie`)."""
+
+    sid: int
+    nodes: list[Node] = field(default_factory=list)
 
 
 class SuffixTrie:
-    """Depth-bounded suffix trie over one token stream, extended one token at a time.
+    """Depth-bounded suffix trie over token streams, extended one token at a time.
 
-    Nodes are integers: edges live in one dict keyed by ``parent << 32 | token``, and each node's
-    count, token and most frequent child in flat lists. A trie of objects (a node with a dict of
-    children) holds two garbage-collected containers per node, ≈ 24 new ones per token, and the
-    collector's passes over them took ¾ of the drafter's time (``benchmarks/suffix_cost.py``);
-    ints and a dict of ints are never traversed.
+    Every substring of at most ``depth`` tokens is a path, its count how often it occurred. Two
+    economies keep it small and fast:
+
+    - **Nodes are integers**: edges live in one dict keyed by ``parent << 32 | token``, each node's
+      facts in flat lists. A trie of objects (a node with a dict of children) holds two
+      garbage-collected containers per node, and the collector's passes over them took ¾ of the
+      drafter's time (``benchmarks/suffix_cost.py``); ints and a dict of ints are never traversed.
+    - **A substring seen once has no children**: below a node of count 1 the path is the rest of
+      its one occurrence (stream ``seq``, ending at ``pos``), read from the stream itself. A node's
+      children appear when its count reaches 2 (the first occurrence's next token becomes a node).
+      So a token creates nodes only for its suffixes that occurred before, plus one, not for all
+      ``depth`` of them; a point below a count-1 node is a :data:`Location` ``−1 − (n·2**16 + k)``
+      (k tokens past node n).
+
+    Counts, and so drafts, are those of the plain trie in which every suffix is a node.
     """
 
     def __init__(self, depth: int) -> None:
@@ -46,92 +67,197 @@ class SuffixTrie:
         self.edges: dict[int, Node] = {}
         self.count: list[int] = [0]
         self.token: list[int] = [-1]
+        self.level: list[int] = [0]  # the substring's length
+        self.seq: list[int] = [-1]  # where a count-1 substring occurred: stream id, position of its last token
+        self.pos: list[int] = [-1]
         # The child to follow: the most frequent, the first created among equals (ids grow with
         # creation, so "first" is the smallest id) — what max() over the children in insertion
         # order gives. Counts only grow, so it is kept up to date as they do.
         self.best: list[Node] = [NO_CHILD]
         self.first: list[Node] = [NO_CHILD]  # children as a linked list, newest first
         self.sibling: list[Node] = [NO_CHILD]
-        self.active: list[Node] = []  # nodes of the stream's current suffixes, shortest first
+        self.streams: list[list[int]] = []  # every sequence's tokens (count-1 paths are read there)
+        self.growing: dict[int, Stream] = {}  # streams that may still grow, by id
+        self.own = self.new_stream()  # the stream :meth:`extend` grows (a query's own trie)
 
-    def extend(self, tokens: Sequence[int]) -> None:
-        self.active = self.grow(self.active, tokens)
+    @property
+    def active(self) -> list[Node]:
+        """The nodes of the own stream's current suffixes, shortest first."""
+        return self.own.nodes
 
-    def grow(self, stream: list[Node], tokens: Sequence[int]) -> list[Node]:
-        """Insert ``tokens`` at the end of a stream whose current suffixes' nodes are ``stream``
-        (shortest first); the stream's nodes after them. The hot loop of every lookup-led round,
-        written out."""
-        edges, count, best, keep = self.edges, self.count, self.best, self.depth - 1
-        for token in tokens:
-            grown = []
-            for node in (ROOT_NODE, *stream[:keep]):
-                key = node << _SHIFT | token
-                child = edges.get(key)
-                if child is None:
-                    child = edges[key] = len(count)
-                    count.append(0)
-                    self.token.append(token)
-                    best.append(NO_CHILD)
-                    self.first.append(NO_CHILD)
-                    self.sibling.append(self.first[node])
-                    self.first[node] = child
-                n = count[child] = count[child] + 1
-                lead = best[node]
-                if lead != child and (lead == NO_CHILD or n > count[lead] or (n == count[lead] and child < lead)):
-                    best[node] = child
-                grown.append(child)
-            stream = grown
+    def new_stream(self, growing: bool = True) -> Stream:
+        stream = Stream(len(self.streams))
+        self.streams.append([])
+        if growing:
+            self.growing[stream.sid] = stream
         return stream
 
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.grow(self.own, tokens)
+
     def add_sequence(self, tokens: Sequence[int]) -> None:
-        """Insert a separate sequence (its suffixes do not join the current stream)."""
-        self.grow([], tokens)
+        """Insert a separate sequence (its suffixes do not join the own stream)."""
+        self.grow(self.new_stream(growing=False), tokens)
 
-    def child(self, node: Node, token: int) -> Node | None:
-        return self.edges.get(node << _SHIFT | token)
+    def grow(self, stream: Stream, tokens: Sequence[int]) -> None:
+        """Append ``tokens`` to ``stream``: count each new suffix where its parent (the suffix one
+        shorter, one token back) occurred twice or more; longer ones extend a substring seen once
+        and need no node. The hot loop of every lookup-led round, written out."""
+        edges, count, depth = self.edges, self.count, self.depth
+        own = self.streams[stream.sid]
+        for token in tokens:
+            prev = stream.nodes  # may gain a node while we go (see _materialize)
+            grown = []
+            parent, length = ROOT_NODE, 1
+            while True:
+                child = edges.get(parent << _SHIFT | token)
+                if child is None:
+                    child = self._add(parent, token, stream.sid, len(own), length)
+                else:
+                    count[child] += 1
+                    if count[child] == 2:
+                        self._materialize(child)
+                    self._promote(parent, child)
+                grown.append(child)
+                if length >= depth or length > len(prev):
+                    break
+                parent = prev[length - 1]
+                if count[parent] < 2:
+                    break  # seen once, here: what extends it is read from this stream
+                length += 1
+            own.append(token)
+            stream.nodes = grown
 
-    def children(self, node: Node) -> list[tuple[int, Node]]:
-        """``(token, child)`` pairs, in the order they were created."""
-        out = []
-        child = self.first[node]
-        while child != NO_CHILD:
-            out.append((self.token[child], child))
-            child = self.sibling[child]
-        return out[::-1]
+    def _add(self, parent: Node, token: int, sid: int, pos: int, level: int) -> Node:
+        node = self.edges[parent << _SHIFT | token] = len(self.count)
+        self.count.append(1)
+        self.token.append(token)
+        self.level.append(level)
+        self.seq.append(sid)
+        self.pos.append(pos)
+        self.best.append(NO_CHILD)
+        self.first.append(NO_CHILD)
+        self.sibling.append(self.first[parent])
+        self.first[parent] = node
+        self._promote(parent, node)
+        return node
+
+    def _promote(self, parent: Node, child: Node) -> None:
+        count, best = self.count, self.best
+        lead = best[parent]
+        if lead != child and (lead == NO_CHILD or count[child] > count[lead]
+                              or (count[child] == count[lead] and child < lead)):
+            best[parent] = child
+
+    def _materialize(self, node: Node) -> None:
+        """``node`` just occurred a second time: its first occurrence's next token becomes a node
+        (when it is already in — the end of a growing stream's tokens extends the usual way)."""
+        sid, pos, level = self.seq[node], self.pos[node], self.level[node]
+        tokens = self.streams[sid]
+        if level >= self.depth or pos + 1 >= len(tokens):
+            return
+        child = self._add(node, tokens[pos + 1], sid, pos + 1, level + 1)
+        stream = self.growing.get(sid)
+        if pos + 2 == len(tokens) and stream is not None and len(stream.nodes) == level:
+            stream.nodes.append(child)  # a suffix of that stream's end is a node now
+
+    # -- locations: a node, or a point below a count-1 node ----------------------------------
+    @staticmethod
+    def _split(loc: Location) -> tuple[Node, int]:
+        if loc >= 0:
+            return loc, 0
+        return divmod(-1 - loc, _PAST)
+
+    def _fresh(self, loc: Location) -> Location:
+        """``loc`` as it reads now: a point below a node that has since occurred again is a node
+        (or a point below a deeper one)."""
+        if loc >= 0:
+            return loc
+        node, extra = divmod(-1 - loc, _PAST)
+        if self.count[node] == 1:
+            return loc
+        start = self.pos[node] + 1
+        path = self.streams[self.seq[node]][start : start + extra]
+        loc = node
+        for token in path:  # the same tokens, read from the nodes now (the path exists: they occurred)
+            step = self._step(loc, token) if loc >= 0 else self._along(*divmod(-1 - loc, _PAST), token)
+            assert step is not None, "a path that occurred is in the trie"
+            loc = step
+        return loc
+
+    def step(self, loc: Location, token: int) -> Location | None:
+        """The location after ``token``; None where the path ends."""
+        loc = self._fresh(loc)
+        if loc >= 0:
+            return self._step(loc, token)
+        node, extra = divmod(-1 - loc, _PAST)
+        return self._along(node, extra, token)
+
+    def _step(self, node: Node, token: int) -> Location | None:
+        if self.count[node] != 1:  # the root, or a node seen twice or more: its children are nodes
+            return self.edges.get(node << _SHIFT | token)
+        return self._along(node, 0, token)
+
+    def _along(self, node: Node, extra: int, token: int) -> Location | None:
+        at = self.pos[node] + extra + 1
+        tokens = self.streams[self.seq[node]]
+        if at < len(tokens) and tokens[at] == token and self.level[node] + extra < self.depth:
+            return -1 - (node * _PAST + extra + 1)
+        return None
+
+    def count_at(self, loc: Location) -> int:
+        loc = self._fresh(loc)
+        return self.count[loc] if loc >= 0 else 1
+
+    def children(self, loc: Location) -> list[tuple[int, Location]]:
+        """``(token, location)`` of every continuation, in the order they first occurred."""
+        loc = self._fresh(loc)
+        node, extra = self._split(loc)
+        if extra == 0 and self.count[node] != 1:
+            out = []
+            child = self.first[node]
+            while child != NO_CHILD:
+                out.append((self.token[child], child))
+                child = self.sibling[child]
+            return out[::-1]
+        at = self.pos[node] + extra + 1
+        tokens = self.streams[self.seq[node]]
+        if at < len(tokens) and self.level[node] + extra < self.depth:
+            return [(tokens[at], -1 - (node * _PAST + extra + 1))]
+        return []
 
     def is_empty(self) -> bool:
         return self.best[ROOT_NODE] == NO_CHILD
 
-    def suffix_nodes(self, context: Sequence[int]) -> list[Node]:
-        """The nodes of ``context``'s suffixes that occur here, shortest first (walked from the root).
-
-        Every substring of a stored sequence is a path, so if the suffix of length m is missing so
-        is every longer one: the list holds the lengths 1..m−1 exactly.
+    def suffix_nodes(self, context: Sequence[int]) -> list[Location]:
+        """The locations of ``context``'s suffixes that occur here, shortest first (walked from the
+        root). Every substring of a stored sequence is a path, so if the suffix of length m is
+        missing so is every longer one: the list holds the lengths 1..m−1 exactly.
         """
-        nodes: list[Node] = []
+        nodes: list[Location] = []
         for length in range(1, min(self.depth, len(context)) + 1):
-            node = self._walk(context[len(context) - length :])
-            if node is None:
+            loc = self._walk(context[len(context) - length :])
+            if loc is None:
                 break
-            nodes.append(node)
+            nodes.append(loc)
         return nodes
 
-    def advance(self, nodes: list[Node], token: int) -> list[Node]:
-        """The shortest suffix nodes of ``context + [token]`` from ``nodes``, those of ``context``:
-        exact where ``nodes`` was, possibly short where the trie has grown since (:meth:`lengthen`)."""
-        edges = self.edges
-        first = edges.get(token)  # the root's child
+    def advance(self, nodes: list[Location], token: int) -> list[Location]:
+        """The shortest suffix locations of ``context + [token]`` from ``nodes``, those of
+        ``context``: exact where ``nodes`` was, possibly short where the trie has grown since
+        (:meth:`lengthen`)."""
+        first = self.edges.get(token)  # the root's child
         if first is None:
             return []
         out = [first]
-        for node in nodes[: self.depth - 1]:
-            child = edges.get(node << _SHIFT | token)
-            if child is None:
+        for loc in nodes[: self.depth - 1]:
+            nxt = self.step(loc, token)
+            if nxt is None:
                 break  # that suffix is missing now, so is every longer one
-            out.append(child)
+            out.append(nxt)
         return out
 
-    def lengthen(self, nodes: list[Node], context: Sequence[int]) -> list[Node]:
+    def lengthen(self, nodes: list[Location], context: Sequence[int]) -> list[Location]:
         """``suffix_nodes(context)`` from its shortest ``nodes``: the longer ones a sequence added
         since may have created, walked from the root."""
         while len(nodes) < min(self.depth, len(context)):
@@ -141,17 +267,21 @@ class SuffixTrie:
             nodes = [*nodes, longer]
         return nodes
 
-    def _walk(self, path: Sequence[int]) -> Node | None:
-        node: Node | None = ROOT_NODE
+    def _walk(self, path: Sequence[int]) -> Location | None:
+        loc: Location | None = ROOT_NODE
         for token in path:
-            node = self.edges.get(node << _SHIFT | token)  # type: ignore[operator]
-            if node is None:
+            loc = self.step(loc, token)  # type: ignore[arg-type]
+            if loc is None:
                 return None
-        return node
+        return loc
 
-    def scored_path(self, node: Node, max_len: int, min_prob: float) -> tuple[list[int], float]:
+    def has_next(self, loc: Location) -> bool:
+        return bool(self.children(loc)) if loc < 0 or self.count[loc] == 1 else self.best[loc] != NO_CHILD
+
+    def scored_path(self, loc: Location, max_len: int, min_prob: float) -> tuple[list[int], float]:
         """Follow the most frequent child while the path's probability (Π child.count / node.count)
         stays ≥ ``min_prob``: the tokens and their summed probabilities (the draft's score).
+        Below a count-1 node every step has probability 1: the rest of its one occurrence.
 
         >>> trie = SuffixTrie(4)
         >>> trie.add_sequence([1, 2, 3, 1, 2, 4, 1])  # "1 2" twice: then 3 once, 4 once
@@ -159,31 +289,40 @@ class SuffixTrie:
         ([3, 1], 1.0)
         """
         count, best = self.count, self.best
+        node, extra = self._split(self._fresh(loc))
         tokens: list[int] = []
         prob, score = 1.0, 0.0
-        child = best[node]
-        while len(tokens) < max_len and child != NO_CHILD:
+        while extra == 0 and count[node] != 1 and len(tokens) < max_len:
+            child = best[node]
+            if child == NO_CHILD:
+                return tokens, score
             prob *= count[child] / count[node]
             if prob < min_prob:
-                break
+                return tokens, score
             tokens.append(self.token[child])
             score += prob
-            node, child = child, best[child]
+            node = child
+        room = min(max_len - len(tokens), self.depth - self.level[node] - extra)
+        if room > 0:
+            at = self.pos[node] + extra + 1
+            rest = self.streams[self.seq[node]][at : at + room]
+            tokens += rest
+            score += prob * len(rest)
         return tokens, score
 
 
 @dataclass
 class Candidate:
-    """The best-scoring draft so far: its trie and match's node, draft budget, tokens and score."""
+    """The best-scoring draft so far: its trie and match's location, draft budget, tokens and score."""
 
     trie: SuffixTrie | None = None
-    node: Node = ROOT_NODE
+    node: Location = ROOT_NODE
     limit: int = 0
     tokens: list[int] = field(default_factory=list)
     score: float = 0.0
 
 
-def best_candidate(trie: SuffixTrie, nodes: Sequence[Node], max_len: int, factor: float, min_prob: float,
+def best_candidate(trie: SuffixTrie, nodes: Sequence[Location], max_len: int, factor: float, min_prob: float,
                    best: Candidate | None = None) -> Candidate:
     """Score a draft from every match in ``nodes`` (``nodes[m-1]``: the context's last m tokens),
     longest first, and keep the best (ties: the one already held, else the longer match). A match
@@ -194,26 +333,27 @@ def best_candidate(trie: SuffixTrie, nodes: Sequence[Node], max_len: int, factor
         cap = min(max_len, int(factor * length + 1e-9))
         if cap <= best.score:
             break  # shorter matches have smaller caps still
-        node = nodes[length - 1]
+        loc = nodes[length - 1]
         limit = min(cap, trie.depth - length)
-        if limit <= best.score or trie.best[node] == NO_CHILD:
+        if limit <= best.score:
             continue
-        tokens, score = trie.scored_path(node, limit, min_prob)
+        tokens, score = trie.scored_path(loc, limit, min_prob)
         if score > best.score:
-            best = Candidate(trie, node, limit, tokens, score)
+            best = Candidate(trie, loc, limit, tokens, score)
     return best
 
 
-def branching_continuations(trie: SuffixTrie, node: Node, max_len: int, min_prob: float, branches: int,
+def branching_continuations(trie: SuffixTrie, loc: Location, max_len: int, min_prob: float, branches: int,
                             eos_ids: frozenset[int]) -> tuple[list[int], list[int]]:
     """Up to ``branches`` continuations as a tree (point masses): each of the most frequent next
     tokens (estimated probability ≥ min_prob, the first always) followed as
     :meth:`SuffixTrie.scored_path` does; parents −1 = root."""
-    ranked = sorted(trie.children(node), key=lambda item: -trie.count[item[1]])[:branches]
+    total = trie.count_at(loc)
+    ranked = sorted(trie.children(loc), key=lambda item: -trie.count_at(item[1]))[:branches]
     tokens: list[int] = []
     parents: list[int] = []
     for rank, (token, child) in enumerate(ranked):
-        prob = trie.count[child] / trie.count[node]
+        prob = trie.count_at(child) / total
         if rank and prob < min_prob:
             break
         branch = [token] if token in eos_ids else [token] + trie.scored_path(child, max_len - 1, min_prob / prob)[0]
@@ -260,20 +400,20 @@ class SuffixDrafter(Drafter):
         self.seen = 0
         self.response_start = 0
         self.share_live = False  # set on a pool's copies: the response joins the shared trie as it grows
-        self.live: list[Node] = []  # this response's stream in the shared trie
+        self.live: Stream | None = None  # this response's stream in the shared trie
         self.live_seen = -1  # context tokens inserted there (−1: none, not sharing)
         self.forget_global_matches()
 
     def forget_global_matches(self) -> None:
         """The global trie changed under this copy (a store rebuilt): re-walk at the next draft."""
-        self.global_nodes: list[Node] = []  # suffix_nodes of the context's first global_seen tokens
+        self.global_nodes: list[Location] = []  # suffix_nodes of the context's first global_seen tokens
         self.global_seen = -1
 
     def begin_query(self, prompt: Sequence[int]) -> None:
         self.local = SuffixTrie(self.depth)
         self.seen = 0
         self.response_start = len(prompt)
-        self.live, self.live_seen = [], self.response_start if self.share_live else -1
+        self.live, self.live_seen = None, self.response_start if self.share_live else -1
         self.forget_global_matches()
 
     def forget_answers(self) -> None:
@@ -287,7 +427,7 @@ class SuffixDrafter(Drafter):
         """The shared trie was rebuilt without this query's response so far: insert it again."""
         self.forget_global_matches()
         if self.live_seen >= 0:
-            self.live, self.live_seen = [], self.response_start
+            self.live, self.live_seen = None, self.response_start
 
     def recover(self) -> None:
         self.begin_query(())  # the store of earlier responses stays
@@ -319,10 +459,12 @@ class SuffixDrafter(Drafter):
         self.local.extend(context[self.seen :])
         self.seen = len(context)
         if 0 <= self.live_seen < len(context):
-            self.live = self.global_trie.grow(self.live, context[self.live_seen :])
+            if self.live is None:
+                self.live = self.global_trie.new_stream()
+            self.global_trie.grow(self.live, context[self.live_seen :])
             self.live_seen = len(context)
 
-    def _global_matches(self, context: Sequence[int]) -> list[Node]:
+    def _global_matches(self, context: Sequence[int]) -> list[Location]:
         """``global_trie.suffix_nodes(context)``, advanced token by token from the last call's."""
         if self.global_trie.is_empty():
             return []
