@@ -16,6 +16,7 @@ says less than a shorter one seen often.
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -77,7 +78,9 @@ class SuffixTrie:
         self.first: list[Node] = [NO_CHILD]  # children as a linked list, newest first
         self.sibling: list[Node] = [NO_CHILD]
         self.streams: list[list[int]] = []  # every sequence's tokens (count-1 paths are read there)
-        self.growing: dict[int, Stream] = {}  # streams that may still grow, by id
+        # Streams that may still grow, by id: held weakly, so a finished query's stream (dropped
+        # with its drafter copy) leaves no entry behind in a long-lived shared trie.
+        self.growing: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary()
         self.own = self.new_stream()  # the stream :meth:`extend` grows (a query's own trie)
 
     @property
