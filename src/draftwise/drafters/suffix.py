@@ -1,9 +1,9 @@
 """SuffixDecoding-style drafter: a depth-bounded suffix trie with continuation counts.
 
-Every suffix (up to ``depth`` tokens) of the token stream is a path in the trie; a node's count is
-how often that substring occurred. The trie grows incrementally: each new token extends the
-``depth`` most recent suffixes by one node (no rebuild per token). A bounded global store of
-earlier responses gives matches across queries.
+Every suffix (up to ``depth`` tokens) of the token stream is a path in the trie, counted by how
+often that substring occurred. The trie grows incrementally: each new token extends the stream's
+current suffixes (no rebuild per token), and only those that occurred before need nodes (see
+:class:`SuffixTrie`). A bounded global store of earlier responses gives matches across queries.
 
 To draft (SuffixDecoding's scoring, Oliaro et al. 2024): every suffix of the context that occurs in
 a trie is a candidate match; from each, follow the most frequent child while the path's estimated
@@ -277,9 +277,6 @@ class SuffixTrie:
             if loc is None:
                 return None
         return loc
-
-    def has_next(self, loc: Location) -> bool:
-        return bool(self.children(loc)) if loc < 0 or self.count[loc] == 1 else self.best[loc] != NO_CHILD
 
     def scored_path(self, loc: Location, max_len: int, min_prob: float) -> tuple[list[int], float]:
         """Follow the most frequent child while the path's probability (Π child.count / node.count)
