@@ -174,38 +174,32 @@ class SuffixTrie:
     def _fresh(self, loc: Location) -> Location:
         """``loc`` as it reads now: a point below a node that has since occurred again is a node
         (or a point below a deeper one)."""
-        if loc >= 0:
-            return loc
-        node, extra = divmod(-1 - loc, _PAST)
-        if self.count[node] == 1:
+        node, extra = self._split(loc)
+        if extra == 0 or self.count[node] == 1:
             return loc
         start = self.pos[node] + 1
-        path = self.streams[self.seq[node]][start : start + extra]
         loc = node
-        for token in path:  # the same tokens, read from the nodes now (the path exists: they occurred)
-            step = self._step(loc, token) if loc >= 0 else self._along(*divmod(-1 - loc, _PAST), token)
+        for token in self.streams[self.seq[node]][start : start + extra]:
+            step = self.step(loc, token)  # the path exists: these tokens occurred
             assert step is not None, "a path that occurred is in the trie"
             loc = step
         return loc
 
     def step(self, loc: Location, token: int) -> Location | None:
         """The location after ``token``; None where the path ends."""
-        loc = self._fresh(loc)
-        if loc >= 0:
-            return self._step(loc, token)
-        node, extra = divmod(-1 - loc, _PAST)
-        return self._along(node, extra, token)
-
-    def _step(self, node: Node, token: int) -> Location | None:
-        if self.count[node] != 1:  # the root, or a node seen twice or more: its children are nodes
+        node, extra = self._split(self._fresh(loc))
+        if extra == 0 and self.count[node] != 1:  # the root, or seen twice or more: children are nodes
             return self.edges.get(node << _SHIFT | token)
-        return self._along(node, 0, token)
+        onward = self._onward(node, extra)
+        return onward[1] if onward is not None and onward[0] == token else None
 
-    def _along(self, node: Node, extra: int, token: int) -> Location | None:
+    def _onward(self, node: Node, extra: int) -> tuple[int, Location] | None:
+        """Below a count-1 node: the next token of its one occurrence after ``extra`` more, and
+        the point it leads to; None at the stream's end or the trie's depth."""
         at = self.pos[node] + extra + 1
         tokens = self.streams[self.seq[node]]
-        if at < len(tokens) and tokens[at] == token and self.level[node] + extra < self.depth:
-            return -1 - (node * _PAST + extra + 1)
+        if at < len(tokens) and self.level[node] + extra < self.depth:
+            return tokens[at], -1 - (node * _PAST + extra + 1)
         return None
 
     def count_at(self, loc: Location) -> int:
@@ -223,11 +217,8 @@ class SuffixTrie:
                 out.append((self.token[child], child))
                 child = self.sibling[child]
             return out[::-1]
-        at = self.pos[node] + extra + 1
-        tokens = self.streams[self.seq[node]]
-        if at < len(tokens) and self.level[node] + extra < self.depth:
-            return [(tokens[at], -1 - (node * _PAST + extra + 1))]
-        return []
+        onward = self._onward(node, extra)
+        return [onward] if onward is not None else []
 
     def is_empty(self) -> bool:
         return self.best[ROOT_NODE] == NO_CHILD

@@ -122,6 +122,8 @@ class BatchEngine:
             if arm.drafter is not None and isinstance(self.pool.templates[arm.drafter], ModelDrafter))
         self.model_token_s: deque[float] = deque(maxlen=32)
         self.drafting_arms = frozenset(a for a, arm in enumerate(self.arms) if arm.drafter is not None)
+        self.longest_draft = max((arm.draft_len for arm in self.arms), default=0)
+        self.longest_model_draft = max((self.arms[a].draft_len for a in self.model_arms), default=0)
         self.fast_drafters = fast_drafters
         self.head_dtype = head_dtype
         self.prompt_fit = prompt_fit
@@ -246,8 +248,7 @@ class BatchEngine:
         no lane drafts. ``cap_acceptance`` 0 turns the cap off."""
         if self.cap_acceptance <= 0:
             return sys.maxsize
-        longest = max((arm.draft_len for arm in self.arms), default=0)
-        return length_cap(self.costs.coef, requests, longest, self.cap_acceptance)
+        return length_cap(self.costs.coef, requests, self.longest_draft, self.cap_acceptance)
 
     def _unaffordable(self, requests: int, cap: int) -> frozenset[int]:
         """Arms no lane may play this round: every drafting arm where no length pays at all
@@ -258,9 +259,8 @@ class BatchEngine:
             return self.drafting_arms
         if self.cap_acceptance <= 0 or not self.model_arms or len(self.model_token_s) < 4:
             return frozenset()
-        longest = max(self.arms[a].draft_len for a in self.model_arms)
         token_s = statistics.median(self.model_token_s)
-        if length_cap(self.costs.coef, requests, longest, self.cap_acceptance, token_s) > 0:
+        if length_cap(self.costs.coef, requests, self.longest_model_draft, self.cap_acceptance, token_s) > 0:
             return frozenset()
         return self.model_arms
 
