@@ -195,6 +195,17 @@ def test_unknown_method_is_one_clear_error(setup, capsys):
         run_bench(config(setup, "unknown2", "fixed:nope"))
 
 
+def test_a_fixed_drafter_runs_at_the_draft_length_it_names(setup):
+    cfg = config(setup, "lengths", "fixed:pld@1,fixed:pld@6")
+    run_bench(cfg)
+    rows = read_rows(Path(cfg.out) / "results.jsonl")
+    longest = {m: max(max(r["trace"]["accepted"]) for r in rows if r["method"] == m) for m in ("fixed:pld@1", "fixed:pld@6")}
+    assert longest["fixed:pld@1"] == 1 < longest["fixed:pld@6"]  # one accepted token at most, against several
+    for bad in ("fixed:pld@0", "fixed:pld@x"):
+        with pytest.raises(DraftwiseError, match="draft length after @ must be an integer ≥ 1"):
+            run_bench(config(setup, "bad-length", bad))
+
+
 def test_workers_two_give_the_same_rows_as_one(setup):
     methods = "fixed:llama-near,ucb"
     one = run_bench(config(setup, "w1", methods))

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftwise.bench.methods import Workbench, eos_ids
+from draftwise.bench.methods import Workbench, eos_ids, fixed_spec
 from draftwise.drafters.suffix import forget_stored_answers
 from draftwise.errors import DraftwiseError
 
@@ -143,9 +143,8 @@ def build_runner(bench: Workbench, spec: str, length_drafter: str) -> Runner:
     if spec == "default":
         return engine_runner(make(DEFAULT_POLICY))
     if head == "fixed":
-        if arg not in bench.drafter_names:
-            raise DraftwiseError(f"method {spec}: no drafter {arg!r}; drafters: {', '.join(bench.drafter_names)}")
-        return engine_runner(make("fixed", [arg]))
+        name, length = fixed_spec(arg, bench.drafter_names)
+        return engine_runner(make("fixed", [name], **({"draft_len": length} if length else {})))
     if head == "length":
         if not arg.isdigit() or int(arg) < 1:
             raise DraftwiseError(f"method {spec}: length:K needs a draft length K ≥ 1")

@@ -5,7 +5,8 @@
 * ``default`` — the library's default policy over the whole pool;
 * any registered policy or preset (``ucb``, ``exp3:gamma=0.4``, ``hedgespec``, ``random``, …) over
   the whole pool; ``POLICY@K`` uses only the first K drafters (MAT vs number of drafters);
-* ``fixed:NAME`` — one drafter of the pool, alone (``pld`` and ``suffix`` included);
+* ``fixed:NAME`` — one drafter of the pool, alone (``pld`` and ``suffix`` included); ``fixed:NAME@L`` at
+  draft length L (the default drafts lookups at 8: compare it with ``fixed:suffix@8``);
 * ``router`` — a TF-IDF + logistic-regression classifier routes each prompt to one drafter;
 * ``oracle`` — the best single drafter per domain in hindsight (derived from ``fixed:*`` rows);
 * ``hf-assisted:NAME`` — transformers assisted generation with that LM drafter
@@ -88,11 +89,11 @@ class Workbench:
         shared, per-query state empty."""
         return [d.fresh() for d in self.pool if names is None or d.name in names]
 
-    def generator(self, policy: str, names: Sequence[str] | None = None) -> Any:
+    def generator(self, policy: str, names: Sequence[str] | None = None, draft_len: int | None = None) -> Any:
         from draftwise.api import Generator
 
         return Generator(self.model, self.tokenizer, self.fresh_pool(names), policy=policy,
-                         draft_len=self.draft_len, seed=self.seed, sampling=self.sampling)
+                         draft_len=draft_len or self.draft_len, seed=self.seed, sampling=self.sampling)
 
     @property
     def peer_draft_len(self) -> int:
@@ -186,11 +187,26 @@ def _default(bench: Workbench, arg: str) -> Method:
     return EngineMethod("default", bench.generator(DEFAULT_POLICY))
 
 
-@register_method("fixed", "one drafter of the pool alone: fixed:NAME")
+@register_method("fixed", "one drafter of the pool alone: fixed:NAME, or fixed:NAME@L at draft length L")
 def _fixed(bench: Workbench, arg: str) -> Method:
-    if arg not in bench.drafter_names:
-        raise DraftwiseError(f"method fixed:{arg}: no drafter {arg!r}; drafters: {', '.join(bench.drafter_names)}")
-    return EngineMethod(f"fixed:{arg}", bench.generator("fixed", [arg]))
+    name, length = fixed_spec(arg, bench.drafter_names)
+    return EngineMethod(f"fixed:{arg}", bench.generator("fixed", [name], length))
+
+
+def fixed_spec(arg: str, drafters: Sequence[str]) -> tuple[str, int | None]:
+    """``NAME`` or ``NAME@L`` of ``fixed:…``: the drafter and its draft length (None: the bench's).
+    A lookup is only a fair "best single drafter" at the length the default drafts it with
+    (the cascade's ``suffix@8``), not at the library's 4.
+
+    >>> fixed_spec("suffix@8", ["pld", "suffix"])
+    ('suffix', 8)
+    """
+    name, at, length = arg.partition("@")
+    if name not in drafters:
+        raise DraftwiseError(f"method fixed:{arg}: no drafter {name!r}; drafters: {', '.join(drafters)}")
+    if at and not (length.isdigit() and int(length) >= 1):
+        raise DraftwiseError(f"method fixed:{arg}: the draft length after @ must be an integer ≥ 1, got {length!r}")
+    return name, int(length) if at else None
 
 
 def policy_method(bench: Workbench, spec: str) -> Method:

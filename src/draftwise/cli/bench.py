@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
         "against 'ar' (plain decoding) on the same prompts in the same run. Greedy outputs must equal ar's: any "
         "mismatch makes the command exit 1.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="methods: ar, hf-ar, default, fixed:NAME, fixed:*, random, any policy or preset (ucb, "
+        epilog="methods: ar, hf-ar, default, fixed:NAME, fixed:NAME@L, fixed:*, random, any policy or preset (ucb, "
         "ucb:beta=0.1, hedgespec, …; POLICY@K = first K drafters), policies:*, router, oracle, hf-assisted:NAME "
         "(,schedule=constant|heuristic|default), hf-assisted:*, hf-pld. See docs/bench.md.",
     )
@@ -76,7 +76,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--batch-size", default=None, metavar="B[,B...]",
                    help="batched rounds: run every method over all prompts B at a time (continuous batching) and "
                    "report output tokens/s against ar, batched plain decoding at the same B (methods: ar, hf-ar, "
-                   "default, fixed:NAME, length:K, banditspec-length, any policy); results in "
+                   "default, fixed:NAME[@L], length:K, banditspec-length, any policy); results in "
                    "OUT/batch-summary.md")
     p.add_argument("--length-drafter", default="pld", metavar="NAME",
                    help="with --batch-size: the drafter of length:K and banditspec-length (default pld)")
