@@ -199,7 +199,8 @@ def test_a_fixed_drafter_runs_at_the_draft_length_it_names(setup):
     cfg = config(setup, "lengths", "fixed:pld@1,fixed:pld@6")
     run_bench(cfg)
     rows = read_rows(Path(cfg.out) / "results.jsonl")
-    longest = {m: max(max(r["trace"]["accepted"]) for r in rows if r["method"] == m) for m in ("fixed:pld@1", "fixed:pld@6")}
+    longest = {m: max(max(r["trace"]["accepted"]) for r in rows if r["method"] == m)
+               for m in ("fixed:pld@1", "fixed:pld@6")}
     assert longest["fixed:pld@1"] == 1 < longest["fixed:pld@6"]  # one accepted token at most, against several
     for bad in ("fixed:pld@0", "fixed:pld@x"):
         with pytest.raises(DraftwiseError, match="draft length after @ must be an integer ≥ 1"):

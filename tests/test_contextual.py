@@ -38,7 +38,7 @@ def test_each_context_learns_its_own_best_arm() -> None:
 
 
 def test_evidence_is_kept_across_queries_at_the_decay() -> None:
-    policy = make_policy("ctx-ucb", ["a", "b"], np.random.default_rng(0))
+    policy = make_policy("ctx-ucb", ["pld@8", "none"], np.random.default_rng(0))
     policy.begin_query()
     for context in ((True,), (False,)):
         policy.set_context(context)
@@ -73,9 +73,11 @@ def test_bonus_is_in_units_of_the_mean_reward() -> None:
 
 
 def test_rule_prior_leads_each_context_until_the_data_disagree() -> None:
-    """Before any evidence: the lookup's arm where it has a proposal, the model arm where it has not
-    (no arm is tried blindly); evidence against the leader moves the choice."""
-    policy = make_policy("ctx-ucb", ["pld@8", "auto@4", "none"], np.random.default_rng(0))
+    """Before any evidence: the lookup's arm where it has a proposal, ``none`` where it has not (the
+    default), or the model arm (``fallback=model``); no arm is tried blindly; evidence against the
+    leader moves the choice."""
+    assert make_policy("ctx-ucb", ["pld@8", "auto@4", "none"], np.random.default_rng(0)).leader((False,)) == 2
+    policy = make_policy("ctx-ucb:fallback=model", ["pld@8", "auto@4", "none"], np.random.default_rng(0))
     policy.begin_query()
     assert (policy.leader((True,)), policy.leader((False,))) == (0, 1)
     policy.set_context((True,))
@@ -89,7 +91,8 @@ def test_rule_prior_leads_each_context_until_the_data_disagree() -> None:
         policy.update(arm, _record(arm, 1, {0: 0.004, 1: 0.009, 2: 0.003}[arm]))
     assert picks[:20] == [1] * 20  # the prior holds while the evidence is thin
     assert picks[-50:].count(2) > 40  # then the data win
-    assert make_policy("ctx-ucb", ["pld@8", "none"], np.random.default_rng(0)).leader((False,)) is None
+    assert make_policy("ctx-ucb", ["pld@8", "none"], np.random.default_rng(0)).leader((False,)) == 1
+    assert make_policy("ctx-ucb:fallback=model", ["pld@8", "none"], np.random.default_rng(0)).leader((False,)) is None
     assert make_policy("ctx-ucb:on=pld+suffix", ["suffix@8", "pld@8", "code@4"],
                        np.random.default_rng(0)).leader((False, True)) == 0
     off = make_policy("ctx-ucb:lead=0", ["pld@8", "auto@4", "none"], np.random.default_rng(0))
@@ -98,6 +101,31 @@ def test_rule_prior_leads_each_context_until_the_data_disagree() -> None:
     assert off.evidence()[1] == [0.0, 0.0, 0.0]  # no prior: plain UCB, every arm tried once first
     with pytest.raises(DraftwiseError, match="lag"):
         make_policy("ctx-ucb:lag=2", ["a", "b"], np.random.default_rng(0))
+    with pytest.raises(DraftwiseError, match="fallback must be one of none, model"):
+        make_policy("ctx-ucb:fallback=pld", ["a", "b"], np.random.default_rng(0))
+    with pytest.raises(DraftwiseError, match="model_decay must be in"):
+        make_policy("ctx-ucb:model_decay=2", ["a", "b"], np.random.default_rng(0))
+
+
+def test_a_model_arms_evidence_outlives_queries_and_the_others_decay() -> None:
+    """What a model drafter is worth here (drafter, target, hardware) does not change from one
+    query to the next; how often the lookup matches does."""
+    policy = make_policy("ctx-ucb:lead=0", ["pld@8", "auto@4", "none"], np.random.default_rng(0))
+    policy.begin_query()
+    for context in ((True,), (False,)):  # the current context and a stored one decay alike
+        policy.set_context(context)
+        for arm in range(3):
+            policy.update(arm, _record(arm, 2, 0.01))
+    policy.begin_query()
+    for context in ((True,), (False,)):
+        policy.set_context(context)
+        assert policy.pulls.tolist() == [0.9, 1.0, 0.9]
+    policy = make_policy("ctx-ucb:lead=0,model_decay=0.5", ["pld@8", "auto@4", "none"], np.random.default_rng(0))
+    policy.begin_query()
+    for arm in range(3):
+        policy.update(arm, _record(arm, 2, 0.01))
+    policy.begin_query()
+    assert policy.pulls.tolist() == [0.9, 0.5, 0.9]
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +163,7 @@ def test_cascade_layout_and_the_routed_arm_parse(pool) -> None:
         build_arms("pld|pld@4", drafters, ArmSettings())
     # the rule prior reads a union as a lookup arm: it leads where one of its lookups proposes
     policy = make_policy("ctx-ucb:on=pld+suffix", ["pld|suffix@8", "auto@4", "none"], np.random.default_rng(0))
-    assert policy.leader((False, True)) == 0 and policy.leader((False, False)) == 1
+    assert policy.leader((False, True)) == 0 and policy.leader((False, False)) == 2
 
 
 def test_routed_arm_drafts_with_the_drafter_that_predicts_the_prompt(pool) -> None:
@@ -143,7 +171,8 @@ def test_routed_arm_drafts_with_the_drafter_that_predicts_the_prompt(pool) -> No
     seed_prompt = [5, 9, 13]
     written = Generator(model, tokenizer, [], policy="fixed:0").generate(
         seed_prompt, max_new_tokens=40, ignore_eos=True)
-    gen = Generator(model, tokenizer, make(), policy="ctx-ucb")  # the default arms: cascade
+    # the default arms (cascade); the prior leads with the routed arm where the lookup has no match
+    gen = Generator(model, tokenizer, make(), policy="ctx-ucb:fallback=model")
     assert [a.name for a in gen.arms] == ["suffix@8", "auto@4", "none"]
     result = gen.generate(seed_prompt + written.token_ids, max_new_tokens=30, ignore_eos=True)
     routed = {r.arm_name for r in result.trace if r.arm_name.startswith("auto")}
@@ -249,7 +278,7 @@ def test_the_default_hears_what_no_speculation_would_have_earned(pool, monkeypat
         return original(self, query, arm_index, in_context)
 
     monkeypatch.setattr(Engine, "plan", spy)
-    gen = Generator(model, tokenizer, make(), policy="ctx-ucb")
+    gen = Generator(model, tokenizer, make(), policy="ctx-ucb:fallback=model")  # round 1 drafts
     result = gen.generate(prompt, max_new_tokens=40, ignore_eos=True)
     assert result.token_ids == reference.token_ids
     assert calibrations[:4] == [False, True, True, True] and not any(calibrations[4:])

@@ -10,8 +10,8 @@ Why, from the zoo measurements (NOTES.md, "A default that beats the best single 
 * each query has one domain, and the drafter that fits it is visible in the prompt (the engine's
   routed arm, ``auto``).
 
-One learner per context learns "the lookup when it matches, else the routed model drafter (or
-nothing)" and corrects it where a domain disagrees (e.g. answers that copy little from the
+One learner per context learns "the lookup when it matches, else nothing (or the routed model
+drafter, where it pays)" and corrects it where a domain disagrees (e.g. answers that copy little from the
 prompt). Its arms are the ``cascade`` layout by default. Rewards are tokens per second of the
 round, so the exploration bonus is scaled by the mean reward seen (β is in units of it), and the
 evidence is kept across queries at 0.9 of its weight per query (``keep``/``decay``): the arms are
@@ -19,8 +19,9 @@ abstract ("the lookup", "the routed model drafter"), so what one query teaches c
 Every drafted round it also hears what ``none`` would have earned (``plain``; the engine measures
 plain rounds), so ``none`` needs no exploring.
 
-Each context starts from a rule-shaped prior: "the lookup when it has a proposal, else the routed
-model drafter" leads, worth ``lead`` pseudo-observations per arm (the others at ``lag`` × its
+Each context starts from a rule-shaped prior: "the lookup when it has a proposal, else ``none``"
+leads (``fallback=model``: else the routed model drafter, the rule until session 11), worth
+``lead`` pseudo-observations per arm (the others at ``lag`` × its
 value, in units of the mean reward seen). Exploring every arm first cost more than it taught
 within short queries (≈ 6 % slower on the dev set, `benchmarks/policy_ab.py`). The prior is never
 decayed but weighs only ``lead`` observations, and they take over where they do better.
@@ -29,6 +30,16 @@ Defaults (β 0.25, decay 0.9, lead 1, ``plain``; session 9, chosen on the dev sp
 sampling (T 0.7), where the arms' gaps are ≈ 15 % and the earlier β 0.5 / decay 0.5 / lead 4
 re-explored every query, 0.94× plain decoding vs 0.83× on dev, 1.00× vs 0.93× on self_instruct;
 greedy a tie on dev, 1.88× vs 1.79× on self_instruct (BENCHMARKS.md, "Hearing plain rounds").
+
+Session 11 (``fallback=none``, ``model_decay=1``, chosen on the dev split): the routed model arm
+earned less than a plain round in every run of it on this CPU, yet the old rule prior led with it
+wherever the lookup had no match, and its evidence decayed with the rest, so the bonus re-tried it
+about once in two queries (≈ 20 ms each, routing and prefill included). Now the prior leads with
+``none`` there and a model arm's evidence is not decayed: its worth is a property of the drafter,
+the target and the hardware, not of one query (a lookup's match rate is, hence its decay). Where
+model drafting pays (a GPU, a good drafter) the data still win and keep it. Dev: greedy 1.91× vs
+1.83× plain decoding, T 0.7 0.99× vs 0.97× (three runs each); self_instruct: greedy 2.17× vs
+2.14×, T 0.7 1.08× vs 1.06× (BENCHMARKS.md, "Session 11").
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ from draftwise.policies.ucb import UCBPolicy
 
 Context = tuple[Hashable, ...] | None
 NONE = "none"  # the no-speculation arm (draftwise.arms.NONE, not imported: policies run without torch)
+FALLBACKS = ("none", "model")  # what the rule prior leads with where no lookup proposes
 
 
 def contextual_spec(policy: str, lookups: Sequence[str]) -> str:
@@ -78,11 +90,19 @@ class ContextualUCBPolicy(UCBPolicy):
         lead: float = 1.0,
         lag: float = 0.5,
         plain: bool = True,
+        fallback: str = "none",
+        model_decay: float = 1.0,
         **common: Any,
     ) -> None:
         if lead < 0 or not 0.0 <= lag <= 1.0:
             raise DraftwiseError(f"ctx-ucb: need lead >= 0 and 0 <= lag <= 1 (got lead={lead}, lag={lag})")
+        if fallback not in FALLBACKS:
+            raise DraftwiseError(f"ctx-ucb: fallback must be one of {', '.join(FALLBACKS)} (got {fallback!r})")
+        if not 0.0 <= model_decay <= 1.0:
+            raise DraftwiseError(f"ctx-ucb: model_decay must be in [0, 1] (got {model_decay})")
         self.on = on
+        self.fallback = fallback  # the prior's leader where no lookup proposes: ``none`` or the model arm
+        self.model_decay = model_decay  # per query, for model-drafter arms (``decay``: the others)
         self.context_on = tuple(name for name in on.split("+") if name)
         self.lead, self.lag = lead, lag
         # Hear what ``none`` would have earned every round: without it the prior's lag keeps
@@ -112,8 +132,10 @@ class ContextualUCBPolicy(UCBPolicy):
         self.key = key
 
     def decay_state(self, factor: float) -> None:
-        super().decay_state(factor)
-        self.stored = {k: (p * factor, s * factor, t * factor) for k, (p, s, t) in self.stored.items()}
+        """Shrink the evidence by ``factor``, a model-drafter arm's by ``model_decay``."""
+        per_arm = np.array([self.model_decay if i in self.model_arms else factor for i in range(self.n_arms)])
+        self.pulls, self.sums, self.t = self.pulls * per_arm, self.sums * per_arm, self.t * factor
+        self.stored = {k: (p * per_arm, s * per_arm, t * factor) for k, (p, s, t) in self.stored.items()}
         self.reward_sum *= factor
         self.reward_count *= factor
 
@@ -127,12 +149,24 @@ class ContextualUCBPolicy(UCBPolicy):
         else the first model-drafter arm (a lookup without a proposal, or ``none``, drafts nothing)."""
         if key not in self.leaders:
             proposing = {name for name, has in zip(self.context_on, key or ()) if has}
-            # an arm's drafters: ``pld@8`` → {pld}; a union ``pld|suffix@8`` → {pld, suffix}
-            drafters = [set(arm.split("@")[0].split("+")[0].split("|")) for arm in self.arms]
-            lookup = next((i for i, d in enumerate(drafters) if d & proposing), None)
-            model = next((i for i, d in enumerate(drafters) if not d & set(self.context_on) and NONE not in d), None)
-            self.leaders[key] = lookup if lookup is not None else model
+            lookup = next((i for i, d in enumerate(self.arm_drafters) if d & proposing), None)
+            fallback = self.model_arms if self.fallback == "model" else self.plain_arms
+            self.leaders[key] = lookup if lookup is not None else next(iter(fallback), None)
         return self.leaders[key]
+
+    @property
+    def arm_drafters(self) -> list[set[str]]:
+        """Each arm's drafters: ``pld@8`` → {pld}; a union ``pld|suffix@8`` → {pld, suffix}."""
+        return [set(arm.split("@")[0].split("+")[0].split("|")) for arm in self.arms]
+
+    @property
+    def model_arms(self) -> list[int]:
+        """The arms that draft with a model (neither a watched lookup nor ``none``), in order."""
+        return [i for i, d in enumerate(self.arm_drafters) if not d & set(self.context_on) and NONE not in d]
+
+    @property
+    def plain_arms(self) -> list[int]:
+        return [i for i, d in enumerate(self.arm_drafters) if NONE in d]
 
     def evidence(self) -> tuple[list[float], list[float], float]:
         """The learned evidence plus the rule prior: ``lead`` pseudo-observations per arm, worth the
