@@ -5,8 +5,10 @@ Why, from the zoo measurements (NOTES.md, "A default that beats the best single 
 
 * a lookup drafter (PLD) costs nothing to ask, and whether it matches is known *before* the
   round: when it matches it is often the best arm; when it does not, playing it is a plain step;
-* on a CPU target, verifying one extra token costs ≈ +40 % while 2 → 9 tokens add only ≈ +30 %,
-  so whether to draft at all matters more than how much;
+* on a CPU target, verifying one extra token cost ≈ +40 % while 2 → 9 tokens added only ≈ +30 %
+  (session 2), so whether to draft at all mattered more than how much; with torch 2.13 the cost
+  grows ≈ linearly instead (≈ +11 % a token, BENCHMARKS.md header), and the lookup's own stopping
+  (its match supports so many tokens) decides how much;
 * each query has one domain, and the drafter that fits it is visible in the prompt (the engine's
   routed arm, ``auto``).
 
@@ -161,7 +163,8 @@ class ContextualUCBPolicy(UCBPolicy):
 
     @property
     def model_arms(self) -> list[int]:
-        """The arms that draft with a model (neither a watched lookup nor ``none``), in order."""
+        """The arms that draft with a model: neither a watched lookup nor ``none``, in order (a
+        lookup left out of ``on`` counts too: whether it proposes is not known before the round)."""
         return [i for i, d in enumerate(self.arm_drafters) if not d & set(self.context_on) and NONE not in d]
 
     @property
