@@ -107,6 +107,23 @@ def test_rule_prior_leads_each_context_until_the_data_disagree() -> None:
         make_policy("ctx-ucb:model_decay=2", ["a", "b"], np.random.default_rng(0))
 
 
+def test_a_model_arm_that_pays_takes_over_where_no_lookup_proposes() -> None:
+    """The prior leads with ``none`` there, but a model drafter that pays (as on a GPU) is found by
+    the bonus and then kept, query after query: its evidence is not decayed."""
+    policy = make_policy("ctx-ucb", ["suffix@8", "auto@4", "none"], np.random.default_rng(0))
+    worth = {0: (1, 0.004), 1: (4, 0.006), 2: (1, 0.004)}  # (tokens, seconds): the model arm earns 2.7×
+    picks = []
+    for _ in range(6):  # queries
+        policy.begin_query()
+        policy.set_context((False,))
+        for _ in range(40):
+            arm = policy.select()
+            picks.append(arm)
+            policy.update(arm, _record(arm, *worth[arm]))
+    assert picks[0] == 2  # the prior's leader first
+    assert picks[-40:].count(1) >= 36  # then the model arm, and it stays chosen in later queries
+
+
 def test_a_model_arms_evidence_outlives_queries_and_the_others_decay() -> None:
     """What a model drafter is worth here (drafter, target, hardware) does not change from one
     query to the next; how often the lookup matches does."""
