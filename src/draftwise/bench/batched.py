@@ -144,7 +144,7 @@ def build_runner(bench: Workbench, spec: str, length_drafter: str) -> Runner:
         return engine_runner(make(DEFAULT_POLICY))
     if head == "fixed":
         name, length = fixed_spec(arg, bench.drafter_names)
-        return engine_runner(make("fixed", [name], **({"draft_len": length} if length else {})))
+        return engine_runner(make("fixed", [name], draft_len=length or bench.draft_len))
     if head == "length":
         if not arg.isdigit() or int(arg) < 1:
             raise DraftwiseError(f"method {spec}: length:K needs a draft length K ≥ 1")

@@ -46,6 +46,7 @@ model drafting pays (a GPU, a good drafter) the data still win and keep it. Dev:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -135,7 +136,8 @@ class ContextualUCBPolicy(UCBPolicy):
 
     def decay_state(self, factor: float) -> None:
         """Shrink the evidence by ``factor``, a model-drafter arm's by ``model_decay``."""
-        per_arm = np.array([self.model_decay if i in self.model_arms else factor for i in range(self.n_arms)])
+        per_arm = np.full(self.n_arms, factor)
+        per_arm[self.model_arms] = self.model_decay
         self.pulls, self.sums, self.t = self.pulls * per_arm, self.sums * per_arm, self.t * factor
         self.stored = {k: (p * per_arm, s * per_arm, t * factor) for k, (p, s, t) in self.stored.items()}
         self.reward_sum *= factor
@@ -148,7 +150,7 @@ class ContextualUCBPolicy(UCBPolicy):
 
     def leader(self, key: Context) -> int | None:
         """The arm the rule prior favours in a context: the arm of a lookup that has a proposal,
-        else the first model-drafter arm (a lookup without a proposal, or ``none``, drafts nothing)."""
+        else ``none`` (``fallback=model``: the first model-drafter arm)."""
         if key not in self.leaders:
             proposing = {name for name, has in zip(self.context_on, key or ()) if has}
             lookup = next((i for i, d in enumerate(self.arm_drafters) if d & proposing), None)
@@ -156,18 +158,18 @@ class ContextualUCBPolicy(UCBPolicy):
             self.leaders[key] = lookup if lookup is not None else next(iter(fallback), None)
         return self.leaders[key]
 
-    @property
+    @functools.cached_property
     def arm_drafters(self) -> list[set[str]]:
         """Each arm's drafters: ``pld@8`` → {pld}; a union ``pld|suffix@8`` → {pld, suffix}."""
         return [set(arm.split("@")[0].split("+")[0].split("|")) for arm in self.arms]
 
-    @property
+    @functools.cached_property
     def model_arms(self) -> list[int]:
         """The arms that draft with a model: neither a watched lookup nor ``none``, in order (a
         lookup left out of ``on`` counts too: whether it proposes is not known before the round)."""
         return [i for i, d in enumerate(self.arm_drafters) if not d & set(self.context_on) and NONE not in d]
 
-    @property
+    @functools.cached_property
     def plain_arms(self) -> list[int]:
         return [i for i, d in enumerate(self.arm_drafters) if NONE in d]
 
