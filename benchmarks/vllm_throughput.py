@@ -9,12 +9,18 @@ Methods (``--methods``): ``none`` (no speculation), ``ngram:K`` (vLLM's prompt l
 tokens, n-grams 2..3 as MEASURED.md), ``suffix:K`` (vLLM's suffix decoding; needs
 ``arctic-inference``, skipped when it does not import), ``draftwise`` (``draftwise.vllm.Proposer``
 with its default options, K = ``--draftwise-k``), ``draftwise-batch`` (its BanditSpec §6.2 batch
-mode). Each method runs in its own engine (one subprocess each; vLLM fixes speculation at
-start-up). Every concurrency level gets its own slice of the zoo's dev prompts (chat template,
-greedy), so nothing a method caches across requests (draftwise's and vLLM's suffix stores) has
-seen the prompts it is timed on; a short warm-up (other prompts) runs first. Prompts run in
-chunks of c through ``LLM.generate``; tokens/s = output tokens / wall time of all chunks. The
-outputs of every method are compared with ``none`` token for token (greedy: they must be equal).
+mode), ``draftwise+LABEL`` (the proposer with the options ``--variant LABEL=JSON`` adds, ``"k"``
+among them for its own K: proposer settings A/B'd beside each other). Each method runs in its own
+engine (one subprocess each; vLLM fixes speculation at start-up). Every concurrency level gets its
+own slice of the zoo's dev prompts (chat template, greedy), so nothing a method caches across
+requests (draftwise's and vLLM's suffix stores) has seen the prompts it is timed on; a short
+warm-up (other prompts) runs first. Prompts run in chunks of c through ``LLM.generate``; tokens/s =
+output tokens / wall time of all chunks. The outputs of every method are compared with ``none``
+token for token (greedy: they must be equal).
+
+One run of a level lasts 2–30 s, and on a shared 2-core machine one such run swings by ±15 %, so
+``--repeats N`` runs every method N times (the order alternating, so a drift of the machine favours
+none) and summarises each level's ratio to ``none`` *of the same repeat* as mean ± std.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -33,8 +40,12 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_METHODS = "none,ngram:2,ngram:4,ngram:8,suffix:8,draftwise,draftwise-batch"
 
 
-def spec_config(method: str, draftwise_k: int, extra: str = "") -> tuple[dict | None, str]:
+def spec_config(method: str, draftwise_k: int, extra: str = "", variants: dict[str, dict] | None = None,
+                ) -> tuple[dict | None, str]:
     """vLLM's speculative_config and $DRAFTWISE_VLLM_CONFIG for a method name."""
+    method, _, label = method.partition("+")
+    if label and label not in (variants or {}):
+        raise SystemExit(f"method draftwise+{label}: no --variant {label}=JSON given")
     name, _, arg = method.partition(":")
     if name == "none":
         return None, ""
@@ -46,8 +57,10 @@ def spec_config(method: str, draftwise_k: int, extra: str = "") -> tuple[dict | 
     if name in ("draftwise", "draftwise-batch"):
         config = {"mode": "batch"} if name == "draftwise-batch" else {}
         config.update(json.loads(extra) if extra else {})
+        config.update((variants or {}).get(label, {}))
+        k = int(config.pop("k", draftwise_k))  # a variant may set num_speculative_tokens itself
         return {"method": "custom_class", "model": "draftwise.vllm.Proposer",
-                "num_speculative_tokens": draftwise_k}, json.dumps(config)
+                "num_speculative_tokens": k}, json.dumps(config)
     raise SystemExit(f"unknown method {method!r}; valid: none, ngram:K, suffix:K, draftwise, draftwise-batch")
 
 
@@ -70,7 +83,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from draftwise.zoo import resolve_zoo_name
 
-    spec, draftwise_config = spec_config(args.method, args.draftwise_k, args.draftwise_config)
+    spec, draftwise_config = spec_config(args.method, args.draftwise_k, args.draftwise_config, variants(args.variant))
     if draftwise_config:
         os.environ["DRAFTWISE_VLLM_CONFIG"] = draftwise_config
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -101,6 +114,17 @@ def worker(args: argparse.Namespace) -> None:
     Path(args.worker_out).write_text(json.dumps(results))
 
 
+def variants(items: list[str]) -> dict[str, dict]:
+    """``--variant LABEL=JSON`` options → {label: options}."""
+    out: dict[str, dict] = {}
+    for item in items:
+        label, sep, text = item.partition("=")
+        if not sep or not label:
+            raise SystemExit(f"--variant wants LABEL=JSON, got {item!r}")
+        out[label] = json.loads(text)
+    return out
+
+
 def table(runs: dict[str, dict], levels: list[int]) -> str:
     """A Markdown table: tokens/s per method and level, with the ratio to no speculation."""
     base = runs.get("none")
@@ -128,7 +152,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--draftwise-k", type=int, default=8, help="num_speculative_tokens for draftwise")
     parser.add_argument("--draftwise-config", default="", help="JSON options added to the draftwise methods' own")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL=JSON",
+                        help="options of the method draftwise+LABEL (repeatable)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run every method this many times, alternating the order; the summary gives each "
+                             "level's ratio to none of the same repeat as mean ± std")
     parser.add_argument("--single-process", action="store_true",
                         help="run vLLM's engine core in the calling process (VLLM_ENABLE_V1_MULTIPROCESSING=0): "
                              "on a 2-core machine the separate front-end process otherwise competes with it")
@@ -142,29 +171,67 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, dict] = {}
-    for method in args.methods.split(","):
-        if method.startswith("suffix") and not _has_arctic():
-            print(f"skipping {method}: arctic-inference is not installed", flush=True)
-            continue
-        part = out.with_suffix(f".{method.replace(':', '-')}.json")
-        command = [sys.executable, __file__, "--method", method, "--worker-out", str(part),
-                   "--concurrency", args.concurrency, "--prompts", str(args.prompts),
-                   "--max-tokens", str(args.max_tokens), "--draftwise-k", str(args.draftwise_k),
-                   "--seed", str(args.seed),
-                   "--draftwise-config", args.draftwise_config]
-        env = {**os.environ, **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if args.single_process else {})}
-        done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        if done.returncode != 0:
-            print(done.stdout[-3000:], file=sys.stderr)
-            raise SystemExit(f"{method} failed")
-        print("\n".join(line for line in done.stdout.splitlines() if "tokens/s" in line), flush=True)
-        runs[method] = json.loads(part.read_text())
+    methods = [m for m in args.methods.split(",") if _available(m)]
+    repeats: list[dict[str, dict]] = []
+    for repeat in range(args.repeats):
+        # Alternate the order: a machine that drifts over the minutes a repeat takes favours no method.
+        order = methods if repeat % 2 == 0 else methods[::-1]
+        runs: dict[str, dict] = {}
+        for method in order:
+            part = out.with_suffix(f".{method.replace(':', '-').replace('+', '-')}.r{repeat}.json")
+            runs[method] = run_method(args, method, part)
+        repeats.append({m: runs[m] for m in methods})
+        print(table(repeats[-1], levels), flush=True)
     report = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv), "levels": levels,
-              "single_process": args.single_process,
-              "table": table(runs, levels), "runs": runs}
+              "single_process": args.single_process, "repeats": args.repeats,
+              "table": table(repeats[0], levels), "summary": summary(repeats, levels), "runs": repeats}
     out.write_text(json.dumps(report))
-    print(report["table"])
+    if args.repeats > 1:
+        print(report["summary"])
+
+
+def run_method(args: argparse.Namespace, method: str, part: Path) -> dict:
+    """One method in its own engine (a subprocess): its levels' tokens/s and outputs."""
+    command = [sys.executable, __file__, "--method", method, "--worker-out", str(part),
+               "--concurrency", args.concurrency, "--prompts", str(args.prompts),
+               "--max-tokens", str(args.max_tokens), "--draftwise-k", str(args.draftwise_k),
+               "--seed", str(args.seed), "--draftwise-config", args.draftwise_config,
+               *[f"--variant={v}" for v in args.variant]]
+    env = {**os.environ, **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if args.single_process else {})}
+    done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if done.returncode != 0:
+        print(done.stdout[-3000:], file=sys.stderr)
+        raise SystemExit(f"{method} failed")
+    print("\n".join(line for line in done.stdout.splitlines() if "tokens/s" in line), flush=True)
+    return json.loads(part.read_text())
+
+
+def summary(repeats: list[dict[str, dict]], levels: list[int]) -> str:
+    """Markdown: per method and level, the ratio to ``none`` of the same repeat, mean ± std over
+    the repeats (and mean tokens/s); outputs compared with ``none`` in every repeat."""
+    lines = [f"| method ({len(repeats)} repeats, × none of the same repeat) | "
+             + " | ".join(f"c = {c}" for c in levels) + " | greedy = none |",
+             "|---|" + "---:|" * len(levels) + "---|"]
+    for method in repeats[0]:
+        cells, same = [], True
+        for c in levels:
+            rates = [run[method]["levels"][str(c)]["tokens_per_s"] for run in repeats]
+            ratios = [run[method]["levels"][str(c)]["tokens_per_s"] / run["none"]["levels"][str(c)]["tokens_per_s"]
+                      for run in repeats if "none" in run]
+            same &= all(run[method]["levels"][str(c)]["outputs"] == run["none"]["levels"][str(c)]["outputs"]
+                        for run in repeats if "none" in run)
+            spread = f" ± {statistics.stdev(ratios):.2f}" if len(ratios) > 1 else ""
+            ratio = f" ({statistics.mean(ratios):.2f}×{spread})" if ratios else ""
+            cells.append(f"{statistics.mean(rates):.0f}{ratio}")
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {'yes' if same else 'NO'} |")
+    return "\n".join(lines)
+
+
+def _available(method: str) -> bool:
+    if method.startswith("suffix") and not _has_arctic():
+        print(f"skipping {method}: arctic-inference is not installed", flush=True)
+        return False
+    return True
 
 
 def _has_arctic() -> bool:
