@@ -49,10 +49,19 @@ def main() -> None:
     parser.add_argument("--pool", default="zoo:all;pld;suffix", help="drafter pool: specs separated by semicolons")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sampling temperature (coupled: one seed per prompt, the same text for every config)")
+    parser.add_argument("--prompt-file", default=None, metavar="JSONL",
+                        help="time these prompts instead of the dev split (e.g. the out-of-domain check set "
+                             "../shared/data/self_instruct/seed_tasks.jsonl; --per-domain still limits each domain)")
+    parser.add_argument("--no-screen", action="append", default=[], metavar="LABEL",
+                        help="run this config without the coupled-sampling noise screen (repeatable)")
     parser.add_argument("--shuffle", type=int, default=None, metavar="SEED",
                         help="run the prompts in a random order (default: grouped by domain, as bench runs them)")
     args = parser.parse_args()
     prompts = dev_prompts(args)
+    if args.prompt_file:
+        from draftwise.bench.datasets import limit_per_domain, load_prompt_file
+
+        prompts = limit_per_domain(load_prompt_file(args.prompt_file), args.per_domain)
     from draftwise import Generator
     from draftwise.drafters import build_drafters
     from draftwise.drafters.suffix import forget_stored_answers
@@ -69,9 +78,17 @@ def main() -> None:
         arms, _, pool_spec = rest.partition("|")
         pool = build_drafters((pool_spec or args.pool).split(";"), model, tokenizer, options)
         generators[label] = Generator(model, tokenizer, pool, policy=policy, arms=arms or None)
+        if label in args.no_screen:
+            generators[label].engine.noise_screen = None
     if args.shuffle is not None:  # learners that keep evidence across queries must not need domain runs
         prompts = [prompts[i] for i in np.random.default_rng(args.shuffle).permutation(len(prompts))]
     ids = [generators["ar"].encode(p.text) for p in prompts]
+    context = getattr(model.config, "max_position_embeddings", None)
+    if context:  # a prompt the target cannot continue for MAX_NEW tokens is left out, and said so
+        fits = [i for i, tokens in enumerate(ids) if len(tokens) + MAX_NEW <= context]
+        if len(fits) < len(ids):
+            print(f"left out {len(ids) - len(fits)} prompt(s) longer than {context - MAX_NEW} tokens")
+        prompts, ids = [prompts[i] for i in fits], [ids[i] for i in fits]
     for gen in generators.values():  # warm-up, untimed
         gen.generate(ids[0], max_new_tokens=16, temperature=args.temperature)
     totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])

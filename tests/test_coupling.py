@@ -17,7 +17,7 @@ import torch
 from test_batch import _generator, _spec
 
 from draftwise import Generator
-from draftwise.coupling import PositionNoise, gumbel_row
+from draftwise.coupling import NoiseScreen, PositionNoise, acceptance_given_noise, gumbel_row
 from draftwise.errors import DraftwiseError
 
 POOLS = {
@@ -83,3 +83,35 @@ def test_the_noise_is_fixed_by_seed_and_position() -> None:
 def test_an_unknown_scheme_is_one_clear_error(tiny_models) -> None:
     with pytest.raises(DraftwiseError, match="sampling must be one of coupled, rejection"):
         _generator(tiny_models, "llama-target", ["pld"], "fixed:0", sampling="gumbel")
+
+
+def test_the_noise_screen_cuts_lookup_drafts_without_changing_the_text(tiny_models) -> None:
+    """A lookup's token is accepted iff it is the target's Gumbel-max, and its own noise is known
+    before the forward: the screen cuts where it predicts a rejection. Same text, fewer rejected tokens."""
+    def run(screen: bool) -> tuple[list[list[int]], int, int]:
+        gen = _generator(tiny_models, "llama-target", ["pld"], "fixed:0")
+        if not screen:
+            gen.engine.noise_screen = None
+        prompts = _prompts(gen.target.vocab_size)
+        results = [gen.generate(p, seed=seed, max_new_tokens=40, temperature=0.9, ignore_eos=True)
+                   for seed in (1, 2, 3) for p in prompts]
+        drafted = sum(r.stats.drafted for r in results)
+        accepted = sum(r.stats.accepted for r in results)
+        return [r.token_ids for r in results], drafted, accepted
+
+    texts, drafted, accepted = run(screen=True)
+    texts_off, drafted_off, accepted_off = run(screen=False)
+    assert texts == texts_off
+    assert drafted - accepted < drafted_off - accepted_off  # fewer tokens drafted only to be rejected
+    assert drafted < drafted_off
+
+
+def test_the_noise_screen_learns_from_verdicts() -> None:
+    screen = NoiseScreen(explore=0)
+    assert screen.cut([-2.0]) == 0  # the prior (p = ½): a token at γ = −2 wins 2 % of the time
+    for _ in range(40):
+        screen.observe([-2.0, 0.0], accepted=2)  # a target sure of what the lookup copies
+    assert screen.cut([-2.0]) == 1
+    assert screen.rate(0.0) > acceptance_given_noise(0.0)
+    screen.observe([0.7, 0.7, 0.7], accepted=1)  # judged: the first (accepted) and the second (rejected)
+    assert screen.judged[4] == 2.0 + 2 and screen.accepted[4] == 2.0 * acceptance_given_noise(0.75) + 1

@@ -51,6 +51,7 @@ import torch
 
 from draftwise.arms import Arm
 from draftwise.batched_lm import BatchedLM, RowLM
+from draftwise.coupling import NoiseScreen
 from draftwise.drafter_bank import attach_banks
 from draftwise.drafters.base import ModelDrafter
 from draftwise.drafters.pool import DrafterPool
@@ -114,6 +115,7 @@ class BatchEngine:
         # time, and a learner that had to play ``none`` to learn that learned it too late.
         self.credit_plain = credit_plain
         self.cap_acceptance = cap_acceptance
+        self.noise_screen: NoiseScreen | None = NoiseScreen()  # coupled sampling: shared by every lane's engine
         # Arms drafting with a model (routed arms: every candidate is one), and what one of their
         # draft tokens costs a lane (median of recent rounds: a first round's routing and prefill
         # are spikes): under load they are blocked for every lane (``_unaffordable``).
@@ -143,6 +145,7 @@ class BatchEngine:
             if self.fast_drafters:
                 attach_banks(drafters, self.head_dtype)
             engine = Engine(row, drafters, self.arms, self._lane_policy(seed), self.prompt_fit)
+            engine.noise_screen = self.noise_screen  # one screen learns from every lane
             if self.decide == "query" and self.policy.keep:
                 engine.history = []
             query, prefill_s, setup_s = engine.start(prompt, settings, generator)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from draftwise.arms import Arm
-from draftwise.coupling import coupled_scores
+from draftwise.coupling import NoiseScreen, coupled_scores
 from draftwise.drafters import Draft, Drafter, StopRule, make_stop_rule
 from draftwise.engine import evaluation
 from draftwise.engine.query import QuerySettings, QueryState, new_query
@@ -50,6 +50,7 @@ class Planned:
     policy_s: float
     draft_s: float
     key: Hashable | None = None  # the context the arm was chosen in (contextual policies)
+    noises: list[float] | None = None  # coupled sampling: each point-mass draft token's own noise (the screen's)
 
 
 @dataclass
@@ -90,6 +91,9 @@ class Engine:
         self.plain_rounds = PlainRounds() if hears else None
         # A batch's load-aware cap on every draft (draftwise.step_costs.length_cap); alone: none
         self.length_cap = sys.maxsize
+        # Coupled sampling: cut a lookup's draft where its own noise says it would be rejected
+        # (draftwise.coupling.NoiseScreen; None turns it off). Speed only: the noise decides the text.
+        self.noise_screen: NoiseScreen | None = NoiseScreen()
 
     # -- a query ------------------------------------------------------------------------------------
     def start(self, prompt: Sequence[int], settings: QuerySettings,
@@ -192,7 +196,8 @@ class Engine:
             arm_index, key, lookup_s = self._select(query, proposed, arm_index)
         t1 = time.perf_counter()
         draft, budget = self._draft(query, arm_index, proposed)
-        return Planned(arm_index, draft, budget, t1 - t0 - lookup_s, time.perf_counter() - t1 + lookup_s, key)
+        draft, noises = self._screen(query, draft)
+        return Planned(arm_index, draft, budget, t1 - t0 - lookup_s, time.perf_counter() - t1 + lookup_s, key, noises)
 
     def target_input(self, query: QueryState, draft: Draft) -> Any:
         """The round's forward for a batched target row (:class:`~draftwise.batched_lm.RowLM`)."""
@@ -208,6 +213,8 @@ class Engine:
         start = time.perf_counter()
         draft, arm_index = planned.draft, planned.arm
         verified = self._judge(query, draft, logits, choices)
+        if planned.noises is not None and self.noise_screen is not None:
+            self.noise_screen.observe(planned.noises, verified.verdict.accepted)
         before = len(query.context)
         new = self._accept(query, arm_index, draft, verified)
         record = RoundRecord(
@@ -307,6 +314,19 @@ class Engine:
         if len(draft.tokens) > budget:  # a drafter must not exceed its budget; trim defensively
             draft = Draft(draft.tokens[:budget], None if draft.probs is None else draft.probs[:budget])
         return draft, budget
+
+    def _screen(self, query: QueryState, draft: Draft) -> tuple[Draft, list[float] | None]:
+        """2b. under coupled sampling, cut a point-mass chain (a lookup's) before the tokens its own
+        noise says would be rejected (:class:`~draftwise.coupling.NoiseScreen`); the noises of the
+        tokens kept come back for the screen to learn from the verdict."""
+        noise = query.dctx.noise
+        if noise is None or self.noise_screen is None or not draft.tokens or draft.probs is not None \
+                or draft.parents is not None or query.settings.sampling.greedy:
+            return draft, None
+        start = len(query.context)
+        noises = [noise.value(start + j, token) for j, token in enumerate(draft.tokens)]
+        keep = self.noise_screen.cut(noises)
+        return (draft if keep == len(draft.tokens) else Draft(draft.tokens[:keep])), noises[:keep]
 
     def _judge(self, query: QueryState, draft: Draft, logits: torch.Tensor,
                choices: list[int] | None = None) -> Verified:
