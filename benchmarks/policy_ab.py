@@ -57,6 +57,10 @@ def main() -> None:
     parser.add_argument("--shuffle", type=int, default=None, metavar="SEED",
                         help="run the prompts in a random order (default: grouped by domain, as bench runs them)")
     args = parser.parse_args()
+    labels = [item.partition("=")[0] for item in args.config]
+    unknown = sorted(set(args.no_screen) - set(labels))
+    if unknown:
+        parser.error(f"--no-screen {', '.join(unknown)}: no such --config label (labels: {', '.join(labels)})")
     prompts = dev_prompts(args)
     if args.prompt_file:
         from draftwise.bench.datasets import limit_per_domain, load_prompt_file

@@ -125,25 +125,6 @@ def variants(items: list[str]) -> dict[str, dict]:
     return out
 
 
-def table(runs: dict[str, dict], levels: list[int]) -> str:
-    """A Markdown table: tokens/s per method and level, with the ratio to no speculation."""
-    base = runs.get("none")
-    lines = ["| method | " + " | ".join(f"c = {c}" for c in levels) + " | greedy = none |",
-             "|---|" + "---:|" * len(levels) + "---|"]
-    for method, run in runs.items():
-        cells, same = [], True
-        for c in levels:
-            level = run["levels"][str(c)]
-            ratio = ""
-            if base is not None:
-                ref = base["levels"][str(c)]
-                ratio = f" ({level['tokens_per_s'] / ref['tokens_per_s']:.2f}×)"
-                same &= level["outputs"] == ref["outputs"]
-            cells.append(f"{level['tokens_per_s']:.0f}{ratio}")
-        lines.append(f"| {method} | " + " | ".join(cells) + f" | {'yes' if same else 'NO'} |")
-    return "\n".join(lines)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", default=DEFAULT_METHODS)
@@ -181,10 +162,10 @@ def main() -> None:
             part = out.with_suffix(f".{method.replace(':', '-').replace('+', '-')}.r{repeat}.json")
             runs[method] = run_method(args, method, part)
         repeats.append({m: runs[m] for m in methods})
-        print(table(repeats[-1], levels), flush=True)
+        print(summary(repeats[-1:], levels), flush=True)
     report = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv), "levels": levels,
               "single_process": args.single_process, "repeats": args.repeats,
-              "table": table(repeats[0], levels), "summary": summary(repeats, levels), "runs": repeats}
+              "table": summary(repeats[:1], levels), "summary": summary(repeats, levels), "runs": repeats}
     out.write_text(json.dumps(report))
     if args.repeats > 1:
         print(report["summary"])
@@ -207,9 +188,10 @@ def run_method(args: argparse.Namespace, method: str, part: Path) -> dict:
 
 
 def summary(repeats: list[dict[str, dict]], levels: list[int]) -> str:
-    """Markdown: per method and level, the ratio to ``none`` of the same repeat, mean ± std over
-    the repeats (and mean tokens/s); outputs compared with ``none`` in every repeat."""
-    lines = [f"| method ({len(repeats)} repeats, × none of the same repeat) | "
+    """Markdown: per method and level, mean tokens/s and the ratio to ``none`` of the same repeat
+    (mean ± std over several repeats); outputs compared with ``none`` token for token in every repeat."""
+    label = f"method ({len(repeats)} repeats, × none of the same repeat)" if len(repeats) > 1 else "method"
+    lines = [f"| {label} | "
              + " | ".join(f"c = {c}" for c in levels) + " | greedy = none |",
              "|---|" + "---:|" * len(levels) + "---|"]
     for method in repeats[0]:

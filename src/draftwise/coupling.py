@@ -67,9 +67,12 @@ class PositionNoise:
             self._rows[position] = cached
         return cached[:width]
 
-    def value(self, position: int, token: int) -> float:
-        """The noise of one token at ``position`` (the row is drawn as wide as the verifier's, and kept)."""
-        return float(self.row(position, max(self.width, token + 1))[token])
+    def values(self, start: int, tokens: Sequence[int]) -> list[float]:
+        """The noise of ``tokens[j]`` at position ``start + j``, for each j: one gather, one read back
+        (the rows are drawn as wide as the verifier's and kept for it)."""
+        width = max(self.width, max(tokens) + 1)
+        rows = self.rows(range(start, start + len(tokens)), width)  # (len(tokens), width)
+        return rows[torch.arange(len(tokens), device=rows.device), torch.tensor(tokens, device=rows.device)].tolist()
 
     def rows(self, positions: Sequence[int], width: int) -> torch.Tensor:
         """(len(positions), width): the noise at each position."""

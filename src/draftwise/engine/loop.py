@@ -319,12 +319,11 @@ class Engine:
         """2b. under coupled sampling, cut a point-mass chain (a lookup's) before the tokens its own
         noise says would be rejected (:class:`~draftwise.coupling.NoiseScreen`); the noises of the
         tokens kept come back for the screen to learn from the verdict."""
-        noise = query.dctx.noise
+        noise = query.dctx.noise  # set only for sampled queries under coupled sampling
         if noise is None or self.noise_screen is None or not draft.tokens or draft.probs is not None \
-                or draft.parents is not None or query.settings.sampling.greedy:
+                or draft.parents is not None:
             return draft, None
-        start = len(query.context)
-        noises = [noise.value(start + j, token) for j, token in enumerate(draft.tokens)]
+        noises = noise.values(len(query.context), draft.tokens)
         keep = self.noise_screen.cut(noises)
         return (draft if keep == len(draft.tokens) else Draft(draft.tokens[:keep])), noises[:keep]
 
