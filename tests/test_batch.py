@@ -360,3 +360,61 @@ def test_model_drafter_arms_are_blocked_where_their_tokens_cannot_pay(tiny_model
     blocked.run()
     arms = [r.arm_name for h in rolled for r in h.result.trace]
     assert "llama-twin@4" not in arms and "pld@4" in arms and "none" in arms
+
+
+def test_one_length_for_the_batch_learns_every_shorter_length_from_each_round(tiny_models) -> None:
+    """``decide="batch"`` over draft lengths: a round drafted at length k is also a side observation
+    of every shorter length (the same chain cut: min(accepted, j) of j) and of ``none``; the
+    learner's round count only counts rounds played, and a plain round earns 1 (plain-step units)."""
+    gen = _generator(tiny_models, "llama-target", ["pld"], "banditspec-length")
+    session = gen.batch_session(3, decide="batch")
+    for max_new in (16, 20, 40):  # the last query ends alone
+        session.add([1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3], max_new_tokens=max_new, ignore_eos=True)
+    session.run()
+    engine = session.engine
+    played = engine.batch_records
+    learners = engine.batch_learners.values()
+    assert sorted(engine.batch_learners) == [0, 1]  # rounds of 3 rows, and the tail's of 1
+    lengths = [arm.draft_len for arm in engine.arms]
+    assert sum(p.t for p in learners) == len(played)
+    for arm, length in enumerate(lengths):
+        own = sum(r.arm == arm for r in played)
+        longer = sum(lengths[r.arm] > length for r in played)
+        assert sum(p.pulls[arm] for p in learners) == own + longer
+    none = lengths.index(0)
+    for policy in learners:
+        assert 0.0 < policy.sums[none] / policy.pulls[none] <= 1.0  # 1 but for the round's drafting and bookkeeping
+    assert any(r.accepted > 0 for r in played)
+
+
+def test_side_observations_reach_only_learners_that_use_them() -> None:
+    from draftwise.policies import make_policy
+    from draftwise.trace import RoundRecord
+
+    record = RoundRecord(index=0, arm=1, arm_name="b", max_draft=2, drafted=2, accepted=1, emitted=2, position=0,
+                         verify_s=1.0)
+    ucbspec = make_policy("ucbspec:reward=throughput", ["a", "b"], np.random.default_rng(0))
+    assert ucbspec.side_update(0, record) == pytest.approx(2.0)
+    assert ucbspec.pulls.tolist() == [1.0, 0.0] and ucbspec.t == 0
+    exp3 = make_policy("exp3:reward=throughput", ["a", "b"], np.random.default_rng(0))
+    state = exp3.state_dict()
+    assert exp3.side_update(0, record) is None and exp3.state_dict() == state
+
+
+def test_drafts_are_cut_to_the_width_that_pays_for_the_padded_batch(tiny_models) -> None:
+    """Every row of a forward is padded to the longest draft: where the measured survival says no
+    width pays (here: a prior of 1 % per token that no verdict can move), every draft is cut to
+    nothing — and the text stays exact."""
+    from draftwise.step_costs import DraftSurvival
+
+    gen = _generator(tiny_models, "llama-target", ["pld"], "fixed", arms="pld@8")
+    prompts = [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]] * 3
+    reference = gen.generate_batch(prompts, max_new_tokens=16, batch_size=3, ignore_eos=True)
+    session = gen.batch_session(3)
+    session.engine.survival = DraftSurvival(8, prior=0.01, weight=1e12)
+    handles = [session.add(p, max_new_tokens=16, ignore_eos=True) for p in prompts]
+    session.run()
+    assert [h.result.token_ids for h in handles] == [r.token_ids for r in reference]
+    assert session.engine.timing.width_cuts > 0
+    assert all(r.drafted == 0 for h in handles for r in h.result.trace)
+    assert any(r.drafted > 0 for r in reference for r in r.trace)  # without the cut, pld drafted

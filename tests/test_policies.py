@@ -263,3 +263,32 @@ def test_ucbspec_radius_matches_banditspec_formula() -> None:
         literal = (L / 2) * np.sqrt((1 + pulls) / pulls**2 * (1 + 2 * np.log(5 * t**2 * np.sqrt(1 + pulls) / delta)))
         assert ucbspec_radius(pulls, t, 5, L, delta) == pytest.approx(literal, rel=1e-12)
     assert np.isinf(ucbspec_radius(np.array([0.0, 2.0]), 2, 2, 4, 0.5)[0])
+
+
+def test_ucbspec_plays_the_largest_mean_plus_its_published_radius() -> None:
+    from draftwise.policies.ucb_family import ucbspec_radius
+
+    rng = np.random.default_rng(3)
+    policy = make_policy("ucbspec:max_draft=4", ["a", "b", "c"], np.random.default_rng(0))
+    for _ in range(200):
+        arm = policy.select()
+        policy.observe(arm, float(rng.normal([1.0, 1.6, 1.4][arm], 0.5)))
+        want = policy.means() + ucbspec_radius(policy.pulls, policy.t, 3, 4, policy.delta)
+        assert policy.select() == int(np.argmax(want))
+
+
+def test_ucbspec_measured_scale_follows_the_rewards_spread() -> None:
+    """``scale=std``: the radius's constant is L/2 while little is seen, then the rewards' own
+    standard deviation within arms — a steady reward (a batch's mean over its rows) soon commits."""
+    rng = np.random.default_rng(1)
+    policy = make_policy("ucbspec:max_draft=4,scale=std", ["a", "b"], np.random.default_rng(0))
+    assert policy.radius_scale() == pytest.approx(2.0)
+    for _ in range(400):
+        arm = policy.select()
+        policy.observe(arm, float(rng.normal([1.0, 1.1][arm], 0.05)))
+    assert policy.radius_scale() == pytest.approx(0.05, rel=0.3)
+    assert policy.pulls[1] > 0.9 * policy.pulls.sum()
+    paper = make_policy("ucbspec:max_draft=4", ["a", "b"], np.random.default_rng(0))
+    assert paper.radius_scale() == 2.0
+    with pytest.raises(DraftwiseError, match="scale"):
+        make_policy("ucbspec:scale=wide", ["a", "b"], np.random.default_rng(0))

@@ -238,7 +238,12 @@ def test_batch_mode_picks_one_length_per_step():
     assert core.lengths == (0, 2, 4, 8)
     _, outputs = serve(core, clock, batch=4, n_req=8)
     assert len(outputs) == 8
-    assert core.batch_learner.t > 10  # one learner, fed once per step
+    learners = core.batch_learners.values()
+    assert sum(p.t for p in learners) > 10  # one learner per load bucket, fed once per step
+    # every step also teaches each shorter length than the one played (side observations)
+    for p in learners:
+        assert (p.pulls[:-1] >= p.pulls[1:]).all()  # a play of a length counts for every shorter one too
+    assert any(p.pulls.sum() > p.t for p in learners)
     with pytest.raises(DraftwiseError, match="exceed"):
         ProposerCore(ProposerOptions(mode="batch", batch_lengths=(0, 16)), FACTS)
 

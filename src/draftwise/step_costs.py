@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -137,12 +138,99 @@ def attribute(coef: np.ndarray, shape: StepShape, extra: int, draft_s: float, un
 
 def batch_times(coef: np.ndarray, shape: StepShape, decode_requests: int, draft_s: float, unit: str) -> RoundTimes:
     """The whole step for the batch-level learner: with ``plain-step``, in units of the predicted
-    plain step per decoding request (so tokens per unit = tokens per request per plain step)."""
+    plain step per decoding request (so tokens per unit = tokens per request per plain step: a
+    plain step earns 1 at any load).
+
+    >>> coef = np.array([0.004, 0.001, 0.001, 0.0])
+    >>> t = batch_times(coef, StepShape(requests=4, draft_tokens=8, seconds=0.02), 4, 0.0, "plain-step")
+    >>> round(t.verify, 6)  # predicted 0.016 s against a plain step's 0.008 s for 4 requests
+    8.0
+    """
     if unit == "seconds":
         return RoundTimes(shape.seconds, draft_s)
     plain_shape = StepShape(shape.requests, 0, shape.seconds, shape.prompt_tokens)
     plain = float(coef @ plain_shape.features()) / max(decode_requests, 1)
-    return RoundTimes(float(coef @ shape.features()) / max(decode_requests, 1) / plain, draft_s / plain)
+    return RoundTimes(float(coef @ shape.features()) / plain, draft_s / plain)
+
+
+@dataclass(frozen=True)
+class CutRound:
+    """A batch's round as it would have gone with every chain draft cut to one length."""
+
+    drafted: int  # draft tokens, summed over rows
+    accepted: int
+    emitted: int
+    width: int  # the longest draft
+
+
+def cut_round(rows: Sequence[tuple[int, int, int]], length: int | None) -> CutRound:
+    """Rows' ``(drafted, accepted, emitted)`` had each chain draft been cut to ``length`` (None: as
+    played). A shorter chain is a prefix of the drafted one, so it keeps min(accepted, length) of
+    its tokens and then emits the target's own one — what a shorter draft length reveals for free
+    (the side observations of the batch-level learners).
+
+    >>> cut_round([(4, 3, 4), (0, 0, 1), (2, 0, 1)], 2)
+    CutRound(drafted=4, accepted=2, emitted=5, width=2)
+    """
+    cap = sys.maxsize if length is None else length
+    accepted = [min(a, cap) for _, a, _ in rows]
+    return CutRound(drafted=sum(min(d, cap) for d, _, _ in rows), accepted=sum(accepted),
+                    emitted=sum(min(e, a + 1) for (_, _, e), a in zip(rows, accepted)),
+                    width=max((min(d, cap) for d, _, _ in rows), default=0))
+
+
+class DraftSurvival:
+    """P(the k-th draft token is accepted | the k − 1 before it were), per position k, from a
+    batch's recent chain verdicts (counts fading by ``fade`` a round; prior: ``prior`` at weight
+    ``weight``). Conditioning on the position is what a single acceptance rate misses: drafts are
+    bimodal (a long lookup match is accepted nearly whole, a guess soon fails), and the survivors
+    of the first tokens are mostly the former."""
+
+    def __init__(self, max_len: int, prior: float = 0.9, weight: float = 4.0, fade: float = 0.99) -> None:
+        self.fade = fade
+        self.tried = [weight] * (max_len + 1)  # index k: the k-th token (1-based; 0 unused)
+        self.kept = [weight * prior] * (max_len + 1)
+
+    def observe(self, verdicts: Sequence[tuple[int, int]]) -> None:
+        """One round's ``(drafted, accepted)`` per chain."""
+        fade = self.fade
+        tried, kept = [t * fade for t in self.tried], [k * fade for k in self.kept]
+        for drafted, accepted in verdicts:
+            for k in range(1, min(drafted, accepted + 1, len(tried) - 1) + 1):  # reached: the ones before held
+                tried[k] += 1.0
+                kept[k] += k <= accepted
+        self.tried, self.kept = tried, kept
+
+    def expected_accepted(self, longest: int) -> list[float]:
+        """E[tokens accepted] of a draft of k tokens, for k = 0..longest."""
+        out, alive = [0.0], 1.0
+        for k in range(1, longest + 1):
+            j = min(k, len(self.tried) - 1)
+            alive *= self.kept[j] / self.tried[j]
+            out.append(out[-1] + alive)
+        return out
+
+
+def best_width(coef: np.ndarray, drafts: Sequence[int], expected: Sequence[float]) -> int:
+    """The width to cut a padded batch's drafts to: the forward pads every row to the longest draft
+    (cost ≈ a + b·R + c·R·width), so one row's long draft makes every row pay for its length. The
+    width maximizes (R + Σ_rows E[accepted of min(d, width)]) / predicted cost; ``expected[k]`` is
+    E[accepted] of a k-token draft (:meth:`DraftSurvival.expected_accepted`).
+
+    >>> coef = np.array([8e-3, 5e-4, 1e-3, 0.0])
+    >>> sure = [0.0, 0.9, 1.8, 2.7, 3.6, 4.5, 5.4, 6.3, 7.2]
+    >>> best_width(coef, [8], sure), best_width(coef, [8, 0, 0, 0], sure), best_width(coef, [8] * 4, sure)
+    (8, 0, 8)
+    """
+    a, b, c = (float(v) for v in coef[:3])
+    rows, longest = len(drafts), max(drafts, default=0)
+    best, best_rate = 0, -1.0
+    for width in range(longest + 1):
+        tokens = rows + sum(expected[min(d, width)] for d in drafts)
+        rate = tokens / (a + b * rows + c * rows * width)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = width, rate
+    return best
 
 
 def load_bucket(requests: int) -> int:

@@ -5,6 +5,8 @@ batches) and run through :meth:`~draftwise.api.Generator.generate_batch` with co
 (a finished query's row goes to the next prompt). The unit is a whole pass over the prompts: one
 row per (B, method, repeat) with output tokens, wall time and tokens/s; speedups are against
 ``ar`` (draftwise's batched plain decoding) at the same B in the same process, warm-up excluded.
+Within a B every method runs once per repeat before any runs again (a drifting machine shifts all
+methods of a repeat alike).
 
 Methods: ``ar``; ``hf-ar`` (transformers' batched ``generate`` on left-padded batches of B);
 ``default``; ``fixed:NAME`` (one drafter; ``fixed:*`` each); ``length:K`` (the length drafter at K tokens every
@@ -90,7 +92,7 @@ def engine_runner(generator: Any, decide: str = "query") -> Runner:
             "batched_rounds": timing.rounds, "query_rounds": rounds, "mat": new / rounds if rounds else 0.0,
             "drafted": sum(r.stats.drafted for r in results), "accepted": sum(r.stats.accepted for r in results),
             "forward_s": timing.forward_s, "draft_s": timing.draft_s, "rounds_s": timing.rounds_s,
-            "bookkeeping_s": timing.bookkeeping_s, "kv_bytes": session.engine.target.kv_bytes(),
+            "bookkeeping_s": timing.bookkeeping_s, "width_cuts": timing.width_cuts, "kv_bytes": session.engine.target.kv_bytes(),
             "pulls": pulls,
         }
         return BatchRun([r.token_ids for r in results], wall, stats)
@@ -182,16 +184,18 @@ def run_batched(config: Any, sizes: Sequence[int], length_drafter: str = "pld") 
     reference: dict[int, list[list[int]]] = {}
     with open(out / RESULTS, "a", encoding="utf-8") as handle:
         for size in sizes:
-            for method in methods:
-                warmed = False
-                for repeat in range(config.repeats):
+            warmed: set[str] = set()
+            # repeats outermost: every method runs once before any runs again, so a machine whose
+            # speed drifts over minutes (shared CPUs) shifts every method alike, not one
+            for repeat in range(config.repeats):
+                for method in methods:
                     key = f"B={size}|{method}|{repeat}"
                     if key in done:
                         continue
-                    if not warmed and config.warmup_tokens > 0:  # untimed: caches, allocator, lazy imports
+                    if method not in warmed and config.warmup_tokens > 0:  # untimed: caches, allocator, lazy imports
                         warm = min(config.warmup_tokens, config.max_new_tokens)
                         runners[method](ids[: min(size, len(ids))], size, warm)
-                        warmed = True
+                        warmed.add(method)
                     run = runners[method](ids, size, config.max_new_tokens)
                     row = {"key": key, "batch_size": size, "method": method, "repeat": repeat,
                            "new_tokens": sum(map(len, run.token_ids)), "wall_s": run.wall_s,

@@ -9,7 +9,9 @@ lane's own verify → accept → feedback. Lanes join and leave between rounds (
 
 Shared cost. The forward's time is shared by its rows: a fitted step-cost model
 (:mod:`draftwise.step_costs`, ``T ≈ a + b·R + c·D``) splits it, each row paying ``a/R + b + c·d``
-for its ``d`` draft tokens. Throughput rewards therefore see what drafting really costs at this
+for its ``d`` draft tokens. ``D`` is what the forward computes: every row padded to the longest
+draft, R × that width (the sum of the drafts, fitted before session 13, made a batch where a few
+rows draft look several times cheaper than it is). Throughput rewards therefore see what drafting really costs at this
 batch size: nearly nothing at batch 1, about a plain row's step per draft token when the forward
 is compute-bound — so speculation backs off as the batch grows.
 
@@ -28,7 +30,9 @@ Two ways to decide (``decide``):
 * ``"query"`` — each lane's learner picks its own arm (MetaSD's instance-level choice in mixed
   batches, and the default policy);
 * ``"batch"`` — one learner picks one arm for the whole batch each round, rewarded by the
-  round's throughput (BanditSpec §6.2: draft lengths 0..L by UCBSpec).
+  round's throughput (BanditSpec §6.2: draft lengths 0..L by UCBSpec); one such learner per load
+  bucket (rows in the round), each a copy of the shared one, and every round also teaches the
+  shorter lengths it reveals (``shorter_arms``).
 
 With the learner's ``keep`` a finished lane's rounds are replayed into the shared learner
 (:func:`~draftwise.policies.base.replay`), so later queries start from what earlier ones learned.
@@ -43,7 +47,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -53,14 +57,16 @@ from draftwise.arms import Arm
 from draftwise.batched_lm import BatchedLM, RowLM
 from draftwise.coupling import NoiseScreen
 from draftwise.drafter_bank import attach_banks
+from draftwise.draft import Draft
 from draftwise.drafters.base import ModelDrafter
 from draftwise.drafters.pool import DrafterPool
-from draftwise.engine.loop import Engine, QueryOutcome
+from draftwise.engine.loop import Engine, Planned, QueryOutcome
 from draftwise.engine.query import QuerySettings, QueryState
 from draftwise.engine.routing import PromptFit
 from draftwise.policies import Policy, make_policy
 from draftwise.policies.base import replay
-from draftwise.step_costs import StepCostModel, StepShape, length_cap, measured_shares
+from draftwise.step_costs import (DraftSurvival, StepCostModel, StepShape, best_width, cut_round, length_cap,
+                                  load_bucket, measured_shares)
 from draftwise.trace import RoundRecord
 
 log = logging.getLogger(__name__)
@@ -77,6 +83,7 @@ class BatchTiming:
     rounds_s: float = 0.0
     forward_s: float = 0.0
     draft_s: float = 0.0
+    width_cuts: int = 0  # rounds whose drafts were cut to a narrower padded width (per-query decisions)
 
     @property
     def bookkeeping_s(self) -> float:
@@ -102,19 +109,23 @@ class BatchEngine:
     def __init__(self, model: Any, drafters: Sequence[Any], arms: Sequence[Arm], policy: Policy, *,
                  decide: str = "query", fast_drafters: bool = True, head_dtype: str | None = None,
                  prompt_fit: PromptFit = PromptFit(), credit_plain: bool = True,
-                 cap_acceptance: float = 0.9) -> None:
+                 cap_acceptance: float = 0.9, cut_width: bool = True) -> None:
         if decide not in DECISIONS:
             raise ValueError(f"decide must be one of {', '.join(DECISIONS)}, got {decide!r}")
         self.target = BatchedLM(model)
         self.pool = DrafterPool(drafters)
         self.arms = list(arms)
-        self.policy = policy  # the shared learner: lanes learn on copies (decide="query") or it decides
+        self.policy = policy  # the shared learner: lanes learn on copies (decide="query") or copies decide
         self.decide = decide
         # Per-query learners hear every round what no speculation would have earned (a plain row's
         # share of the forward, from the cost model): under load their LM arms cost the whole batch
         # time, and a learner that had to play ``none`` to learn that learned it too late.
         self.credit_plain = credit_plain
         self.cap_acceptance = cap_acceptance
+        # Per-query decisions: cut every chain to the width that pays for the whole padded batch
+        # (``_cut_to_width``), from each draft position's measured survival.
+        self.cut_width = cut_width
+        self.survival = DraftSurvival(max((arm.draft_len for arm in arms), default=1) or 1, prior=cap_acceptance or 0.9)
         self.noise_screen: NoiseScreen | None = NoiseScreen()  # coupled sampling: shared by every lane's engine
         # Arms drafting with a model (routed arms: every candidate is one), and what one of their
         # draft tokens costs a lane (median of recent rounds: a first round's routing and prefill
@@ -133,6 +144,8 @@ class BatchEngine:
         self.lanes: list[Lane] = []
         self.timing = BatchTiming()
         self.batch_records: list[RoundRecord] = []  # decide="batch": the batch learner's rounds
+        self.shorter = shorter_arms(self.arms)  # decide="batch": the side observations of each arm
+        self.batch_learners: dict[int, Policy] = {}  # decide="batch": one learner per load bucket
 
     # -- lanes ----------------------------------------------------------------------------------------
     def join(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator | None,
@@ -208,7 +221,8 @@ class BatchEngine:
     def _round(self, lanes: list[Lane]) -> list[Lane]:
         clock = time.perf_counter
         start = clock()
-        forced = self.policy.select() if self.decide == "batch" else None
+        learner = self._batch_learner(len(lanes)) if self.decide == "batch" else None
+        forced = learner.select() if learner is not None else None
         cap = self._length_cap(len(lanes)) if forced is None else sys.maxsize
         blocked = self._unaffordable(len(lanes), cap) if forced is None else frozenset()
         plans = []
@@ -217,11 +231,14 @@ class BatchEngine:
             lane.engine.length_cap = cap
             lane.engine.policy.blocked = blocked
             plans.append(lane.engine.plan(lane.query, forced))
+        if forced is None and self.cut_width:
+            plans = self._cut_to_width(plans, len(lanes))
         inputs = [lane.engine.target_input(lane.query, plan.draft) for lane, plan in zip(lanes, plans)]
         forward_start = clock()
         logits = self.target.run(inputs, argmax=any(lane.query.settings.sampling.greedy for lane in lanes))
         seconds = clock() - forward_start
-        shape = StepShape(len(lanes), sum(len(plan.draft.tokens) for plan in plans), seconds)
+        # the forward pads every row to the longest draft: its cost grows with rows × that width
+        shape = StepShape(len(lanes), len(lanes) * max(len(plan.draft.tokens) for plan in plans), seconds)
         self.costs.observe(shape)
         records = []
         shares = measured_shares(self.costs.coef, shape, [len(plan.draft.tokens) for plan in plans])
@@ -236,14 +253,31 @@ class BatchEngine:
             if plan.arm in self.model_arms and record.drafted > 0:
                 self.model_token_s.append(plan.draft_s / record.drafted)
             records.append(record)
-        if forced is not None:
-            self._batch_feedback(forced, records, clock() - start)
+        if self.cut_width and all(plan.draft.parents is None for plan in plans):
+            self.survival.observe([(r.drafted, r.accepted) for r in records])
+        if learner is not None and forced is not None:
+            self._batch_feedback(learner, forced, plans, records, clock() - start - seconds)
         timing = self.timing
         timing.rounds += 1
         timing.rounds_s += clock() - start
         timing.forward_s += seconds
         timing.draft_s += sum(plan.draft_s for plan in plans)
         return [lane for lane in lanes if lane.query.finished]
+
+    def _cut_to_width(self, plans: list[Planned], rows: int) -> list[Planned]:
+        """Per-query decisions: the forward pads every row to the longest draft, so cut every chain
+        to the width with the best predicted throughput for the batch (:func:`~draftwise.step_costs.
+        best_width`, each row's gain from the measured survival per draft position). A lane's learner
+        chose its own draft; this only keeps one row's long draft from costing every row its width."""
+        lengths = [len(plan.draft.tokens) for plan in plans]
+        longest = max(lengths)
+        if longest == 0 or any(plan.draft.parents is not None for plan in plans):
+            return plans
+        width = best_width(self.costs.coef, lengths, self.survival.expected_accepted(longest))
+        if width >= longest:
+            return plans
+        self.timing.width_cuts += 1
+        return [plan if n <= width else cut_plan(plan, width) for plan, n in zip(plans, lengths)]
 
     def _length_cap(self, requests: int) -> int:
         """Per-query decisions: every lane's draft is cut to the length that pays most at this load
@@ -267,13 +301,73 @@ class BatchEngine:
             return frozenset()
         return self.model_arms
 
-    def _batch_feedback(self, arm: int, records: list[RoundRecord], seconds: float) -> None:
-        """``decide="batch"``: the batch learner's reward is the round's throughput (all rows' tokens
-        per second of the whole round)."""
-        record = RoundRecord(
-            index=len(self.batch_records), arm=arm, arm_name=self.arms[arm].name, max_draft=self.arms[arm].draft_len,
-            drafted=sum(r.drafted for r in records), accepted=sum(r.accepted for r in records),
-            emitted=sum(r.emitted for r in records), position=0, verify_s=seconds,
-        )
-        record.reward = self.policy.update(arm, record)
-        self.batch_records.append(record)
+    def _batch_learner(self, rows: int) -> Policy:
+        """``decide="batch"``: the learner of this load (:func:`~draftwise.step_costs.load_bucket` of
+        the rows in the round; a fresh copy of the shared learner the first time). The best length
+        moves with the load — drafting is nearly free at one row and costs a row's step per token
+        when the forward is compute-bound — and a continuous batch runs at many loads (its tail
+        drains to one row): one learner over all of them would average those regimes."""
+        bucket = load_bucket(rows)
+        if bucket not in self.batch_learners:
+            self.batch_learners[bucket] = copy.deepcopy(self.policy)
+        return self.batch_learners[bucket]
+
+    def _batch_feedback(self, learner: Policy, arm: int, plans: Sequence[Any], records: list[RoundRecord],
+                        overhead_s: float) -> None:
+        """``decide="batch"``: the batch learner's reward is the round's throughput per row in plain
+        steps — tokens per row ÷ (the round's time ÷ a plain round's), the time being the cost
+        model's forward for this shape plus the round's measured drafting and bookkeeping. On that
+        scale a plain round earns 1 at any batch size (what BanditSpec's radius, in accepted-length
+        units, assumes), and the clock's noise on one forward does not decide a length.
+
+        A chain draft of length k also tells what every shorter length of the same drafter would
+        have done (the same tokens, cut: min(accepted, j) of j accepted, a shorter forward): each
+        arm in ``shorter[arm]`` gets that round as a side observation."""
+        chains = all(plan.draft.parents is None for plan in plans)
+        a, b, c = (float(v) for v in self.costs.coef[:3])
+        rows = len(records)
+        plain_row = (a + b * rows) / rows
+        outcomes = [(r.drafted, r.accepted, r.emitted) for r in records]
+        for played, length in [(arm, None), *(self.shorter[arm] if chains else ())]:
+            cut = cut_round(outcomes, length)
+            record = RoundRecord(index=len(self.batch_records), arm=played, arm_name=self.arms[played].name,
+                                 max_draft=self.arms[played].draft_len, drafted=cut.drafted, accepted=cut.accepted,
+                                 emitted=cut.emitted, position=0,
+                                 verify_s=(a + b * rows + c * rows * cut.width + overhead_s) / plain_row)
+            if played == arm:
+                record.reward = learner.update(arm, record)
+                self.batch_records.append(record)
+            else:
+                learner.side_update(played, record)
+
+
+def cut_plan(plan: Planned, width: int) -> Planned:
+    """``plan`` with its chain draft cut to its first ``width`` tokens (a prefix: still exact)."""
+    draft = plan.draft
+    probs = None if draft.probs is None else draft.probs[:width]
+    noises = None if plan.noises is None else plan.noises[:width]
+    return replace(plan, draft=Draft(draft.tokens[:width], probs), noises=noises)
+
+
+def shorter_arms(arms: Sequence[Arm]) -> list[list[tuple[int, int]]]:
+    """For each arm, the ``(arm, length)`` of every arm that drafts the same chain shorter — the same
+    drafter with a smaller budget, and ``none`` (length 0) — whose outcome a round of it reveals.
+    Arms with a stopping rule, a route or a union draft reveal nothing of others.
+
+    >>> names = [Arm("none", None, 0), Arm("pld@1", 0, 1), Arm("pld@3", 0, 3), Arm("suffix@2", 1, 2)]
+    >>> shorter_arms(names)
+    [[], [(0, 0)], [(0, 0), (1, 1)], [(0, 0)]]
+    """
+    def plain_chain(arm: Arm) -> bool:
+        return arm.stop is None and not arm.route and not arm.also
+
+    out: list[list[tuple[int, int]]] = []
+    for arm in arms:
+        below = []
+        if arm.drafter is not None and plain_chain(arm):
+            for j, other in enumerate(arms):
+                if other.drafter is None or (other.drafter == arm.drafter and plain_chain(other)
+                                             and other.draft_len < arm.draft_len):
+                    below.append((j, 0 if other.drafter is None else other.draft_len))
+        out.append(below)
+    return out

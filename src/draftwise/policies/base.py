@@ -155,6 +155,23 @@ class Policy(ABC):
     def observe(self, arm: int, reward: float) -> None:
         """Bandit feedback: the reward of the arm that was played."""
 
+    # Learners that count a side observation (see ``side_update``) as evidence about its arm.
+    side_observations: ClassVar[bool] = False
+
+    def side_update(self, arm: int, record: RoundRecord) -> float | None:
+        """A side observation: what ``arm`` would have earned in a round where another arm was
+        played, known without playing it (a shorter draft of the same drafter: its outcome is the
+        played draft's, truncated). Learners with ``side_observations`` add it to ``arm``'s evidence
+        without counting a round; the others ignore it (returns None)."""
+        if not self.side_observations:
+            return None
+        reward = self._signal(record)
+        self.observe_side(arm, reward)
+        return reward
+
+    def observe_side(self, arm: int, reward: float) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not take side observations")
+
     def wants_evaluation(self, rounds: int, pending_tokens: int) -> bool:
         """Full-information learners: run the evaluation phase after this round?
 

@@ -79,6 +79,7 @@ class ContextualUCBPolicy(UCBPolicy):
                "drafter / none, throughput reward, bonus scaled to the reward, a rule-shaped prior per "
                "context, kept across queries; hears every round what no speculation would have earned")
     default_arms = "cascade"
+    side_observations = False  # its reward scale is fed by observe: not wired for side observations
 
     def __init__(
         self,

@@ -46,9 +46,10 @@ _preset("banditspec-ucb", Preset("ucbspec", {"reward": "length"},
                                  summary="BanditSpec UCBSpec (Alg. 4) over drafters, accepted-length reward"))
 _preset("banditspec-exp3", Preset("exp3spec", {"reward": "length"},
                                   summary="BanditSpec EXP3Spec (Alg. 5) over drafters"))
-_preset("banditspec-length", Preset("ucbspec", {"reward": "throughput"}, arms="lengths",
+# §6.2's throughput is not a length in [1, L+1]: the radius's constant is measured (scale=std).
+_preset("banditspec-length", Preset("ucbspec", {"reward": "throughput", "scale": "std"}, arms="lengths",
                                     summary="BanditSpec §6.2: UCBSpec over draft lengths 0..L of one drafter, "
-                                            "throughput reward"))
+                                            "throughput reward, the radius scaled by the rewards' spread"))
 # HedgeSpec: NormalHedge on every drafter's counterfactual, §B.5 heuristics (6 warm-up rounds,
 # batches of 12 rounds, evaluation every 6 tokens, acceptance loss for the first 3 vectors).
 _preset("hedgespec", Preset("normalhedge", {"loss": "hybrid", "game": "chunk", "switch": "3", "warmup": "6",

@@ -73,6 +73,11 @@ class MeanRewardPolicy(Policy):
         self.pulls[arm] += 1
         self.sums[arm] += reward
 
+    def observe_side(self, arm: int, reward: float) -> None:
+        # evidence about the arm, not a round played: t (the rounds in the bonus's log) stays
+        self.pulls[arm] += 1
+        self.sums[arm] += reward
+
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "t": self.t, "pulls": self.pulls.tolist(), "sums": self.sums.tolist()}
 
@@ -82,6 +87,7 @@ class UCBPolicy(MeanRewardPolicy):
     """MetaSD-UCB: pull each arm once, then argmax of mean reward + β·sqrt(2 ln t / n_i)."""
 
     summary = "MetaSD-UCB (Alg. 2): UCB1 with exploration β (default 0.01) on the BD reward"
+    side_observations = True
 
     def __init__(self, arms: Sequence[str], rng: np.random.Generator, *, beta: float = 0.01, **common: Any) -> None:
         self.beta = beta

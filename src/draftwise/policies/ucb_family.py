@@ -39,9 +39,18 @@ class UCBSpecPolicy(MeanRewardPolicy):
 
     The reward is the accepted length y ∈ [1, L+1]; L is ``max_draft`` or, when 0, the draft
     budget of the rounds seen. δ = 0.5 is the value BanditSpec's Theorem 4.3 proof takes.
+
+    The radius scales with L/2, the sub-Gaussian constant of a reward in [1, L+1] (``scale=range``,
+    the paper). Other rewards are not on that scale: a batch's throughput per row in plain steps
+    is the mean of its rows' and varies far less. ``scale=std`` puts the rewards' pooled standard
+    deviation within arms in L/2's place (two pseudo-observations at L/2 while there are few): the
+    same radius, its constant measured instead of bounded (BanditSpec §6.2's preset uses it).
     """
 
     summary = "BanditSpec UCBSpec (Alg. 4): round-robin start, then mean length + confidence radius (δ)"
+    side_observations = True
+    decayed: ClassVar[tuple[str, ...]] = ("pulls", "sums", "squares", "t")
+    SCALE_PRIOR = 2.0  # pseudo-observations of a variance of (L/2)² in scale=std
 
     def __init__(
         self,
@@ -51,21 +60,55 @@ class UCBSpecPolicy(MeanRewardPolicy):
         delta: float = 0.5,
         max_draft: int = 0,
         reward: str = "length",
+        scale: str = "range",
         **common: Any,
     ) -> None:
         if not 0.0 < delta < 1.0 + 1e-12:
             raise DraftwiseError(f"ucbspec: delta must be in (0, 1], got {delta}")
+        if scale not in ("range", "std"):
+            raise DraftwiseError(f"ucbspec: scale must be range (L/2, the paper) or std (measured), got {scale!r}")
         self.delta = delta
+        self.scale = scale
         self.max_draft = max_draft
         self.auto_draft = max_draft == 0  # L = the largest draft budget seen (arms may differ in L)
         super().__init__(arms, rng, reward=reward, **common)
 
     def select(self) -> int:
-        untried = np.flatnonzero(self.pulls <= 0)
-        if len(untried):  # round-robin start, in arm order
-            return int(untried[0])
-        radius = ucbspec_radius(self.pulls, self.t, self.n_arms, max(self.max_draft, 1), self.delta)
-        return argmax_random_tie(self.means() + radius, self.rng)
+        pulls = self.pulls.tolist()
+        untried = [i for i, n in enumerate(pulls) if n <= 0]
+        if untried:  # round-robin start, in arm order
+            return untried[0]
+        # ucbspec_radius in plain Python (a handful of arms: see argmax_random_tie)
+        scale = self.radius_scale()
+        log_k_t = math.log(self.n_arms * max(self.t, 1.0) ** 2 / self.delta)
+        index = [s / n + scale * math.sqrt((1.0 + n) * (1.0 + 2.0 * (log_k_t + 0.5 * math.log1p(n)))) / n
+                 for s, n in zip(self.sums.tolist(), pulls)]
+        return argmax_random_tie(index, self.rng)
+
+    def radius_scale(self) -> float:
+        """L/2 (``scale=range``), or the rewards' pooled standard deviation within arms (``std``)."""
+        bound = max(self.max_draft, 1) / 2.0
+        if self.scale == "range":
+            return bound
+        within = sum(max(q - s * s / n, 0.0) for q, s, n in zip(self.squares, self.sums, self.pulls) if n > 0)
+        count = float(self.pulls.sum())
+        return math.sqrt((within + self.SCALE_PRIOR * bound**2) / (count + self.SCALE_PRIOR))
+
+    def reset(self) -> None:
+        super().reset()
+        self.squares = np.zeros(self.n_arms)
+
+    def warm_start(self, means: np.ndarray, weight: float) -> None:
+        super().warm_start(means, weight)
+        self.squares = weight * np.asarray(means, dtype=float) ** 2  # pseudo-pulls without spread
+
+    def observe(self, arm: int, reward: float) -> None:
+        super().observe(arm, reward)
+        self.squares[arm] += reward * reward
+
+    def observe_side(self, arm: int, reward: float) -> None:
+        super().observe_side(arm, reward)
+        self.squares[arm] += reward * reward
 
     def update(self, arm: int, record: RoundRecord) -> float | None:
         if self.auto_draft:  # L is a property of the engine configuration, read off the rounds
@@ -73,7 +116,7 @@ class UCBSpecPolicy(MeanRewardPolicy):
         return super().update(arm, record)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "delta": self.delta, "max_draft": self.max_draft}
+        return {**super().state_dict(), "delta": self.delta, "max_draft": self.max_draft, "scale": self.scale}
 
 
 # -- UCB-Tuned ----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,8 @@ from draftwise.errors import DraftwiseError
 from draftwise.policies import make_policy
 from draftwise.policies.base import replay
 from draftwise.policies.contextual import contextual_spec
-from draftwise.step_costs import StepCostModel, StepShape, attribute, batch_times, length_cap, load_bucket
+from draftwise.step_costs import (StepCostModel, StepShape, attribute, batch_times, cut_round, length_cap,
+                                  load_bucket)
 from draftwise.trace import RoundRecord
 from draftwise.vllm.batch_view import BatchView
 from draftwise.vllm.options import ProposerOptions
@@ -100,11 +101,13 @@ class ProposerCore:
         if max(lengths) > self.draft_len:
             raise DraftwiseError(f"batch_lengths {list(lengths)} exceed num_speculative_tokens={self.draft_len}")
         self.lengths = tuple(sorted(set(lengths)))
-        policy = self.options.policy if self.options.policy != "ctx-ucb" else "ucbspec:reward=throughput"
+        policy = self.options.policy if self.options.policy != "ctx-ucb" else "banditspec-length"
         names = [f"len@{n}" for n in self.lengths]
         self.batch_learner = make_policy(policy, names, np.random.default_rng(self.options.seed))
         if hasattr(self.batch_learner, "max_draft"):
             self.batch_learner.max_draft = max(self.lengths)
+        # one learner per load bucket (a copy of batch_learner; the best length moves with the load)
+        self.batch_learners: dict[int, Any] = {}
         self.batch_pending: Pending | None = None
         self.arms = []
 
@@ -309,27 +312,40 @@ class ProposerCore:
     # -- the batch mode (BanditSpec §6.2) ----------------------------------------------------------
     def _batch_feedback(self, view: BatchView | None, verified: list[tuple[int, RequestState, int]],
                         sampled: Sequence[Sequence[int]], shape: StepShape | None) -> None:
+        """The step's throughput per request in plain steps for the length played, and — the same
+        drafts cut shorter (:func:`~draftwise.step_costs.cut_round`) — a side observation for every
+        shorter length."""
         pending, self.batch_pending = self.batch_pending, None
-        emitted_total, fed = 0, 0
-        for row, state, _ in verified:
+        outcomes = []
+        for row, state, drafted in verified:
             if state.pending is None:
                 continue
-            emitted_total += len(sampled[row])
-            fed += 1
+            outcomes.append((drafted, len(sampled[row]) - 1, len(sampled[row])))
             state.pending = None
-        if pending is None or shape is None or fed == 0:
+        if pending is None or shape is None or not outcomes:
             return
-        times = batch_times(self.costs.coef, shape, fed, pending.draft_s, self.options.time_unit)
-        record = RoundRecord(index=self.step_no, arm=pending.arm, arm_name=pending.arm_name,
-                             max_draft=pending.max_draft, drafted=pending.drafted, accepted=0,
-                             emitted=emitted_total, position=0, draft_s=times.draft, verify_s=times.verify)
-        self.batch_learner.update(pending.arm, record)
+        learner = self.batch_learners[pending.key]
+        played = cut_round(outcomes, None)
+        for arm in range(pending.arm, -1, -1):  # lengths are sorted: the played one, then every shorter
+            cut = played if arm == pending.arm else cut_round(outcomes, self.lengths[arm])
+            step = replace(shape, draft_tokens=shape.draft_tokens - (played.drafted - cut.drafted))
+            times = batch_times(self.costs.coef, step, len(outcomes), pending.draft_s, self.options.time_unit)
+            record = RoundRecord(index=self.step_no, arm=arm, arm_name=f"len@{self.lengths[arm]}",
+                                 max_draft=self.lengths[arm], drafted=cut.drafted, accepted=cut.accepted,
+                                 emitted=cut.emitted, position=0, draft_s=times.draft, verify_s=times.verify)
+            if arm == pending.arm:
+                learner.update(arm, record)
+            else:
+                learner.side_update(arm, record)
 
     def _batch_draft(self, decode: list[tuple[int, RequestState]], drafts: list[list[int]]) -> None:
         if not decode:
             return
         start = self.clock()
-        arm = self.batch_learner.select()
+        bucket = load_bucket(len(decode))
+        if bucket not in self.batch_learners:
+            self.batch_learners[bucket] = copy.deepcopy(self.batch_learner)
+        arm = self.batch_learners[bucket].select()
         length = self.lengths[arm]
         drafted = 0
         for row, state in decode:
@@ -343,4 +359,4 @@ class ProposerCore:
             drafted += len(tokens)
             state.pulls[f"len@{length}"] += 1
             state.pending = Pending(arm, f"len@{length}", length, len(tokens), 0.0, learner=False)
-        self.batch_pending = Pending(arm, f"len@{length}", length, drafted, self.clock() - start)
+        self.batch_pending = Pending(arm, f"len@{length}", length, drafted, self.clock() - start, key=bucket)

@@ -11,7 +11,9 @@ Keys (all optional): ``policy`` (a draftwise policy or preset spec, default ``ct
 ``drafters`` (drafter specs, default ``["pld", "suffix"]``), ``arms`` (an arm layout or explicit
 list, default: the policy's own, see :func:`default_arms`), ``draft_len`` (default: vLLM's
 ``num_speculative_tokens``, which caps every draft), ``mode`` (``request``: one learner per request,
-the default; ``batch``: BanditSpec §6.2, one draft length for the whole batch chosen by UCBSpec),
+the default; ``batch``: BanditSpec §6.2, one draft length for the whole batch chosen by UCBSpec — the
+``banditspec-length`` preset unless ``policy`` names another — one learner per load bucket, each
+step also a side observation of every shorter length),
 ``batch_lengths`` (the batch mode's arms, default ``0..draft_len``), ``load_context`` (add the
 batch-size bucket to contextual learners' context, default false: the reward is already in
 units of the current load's plain step, and without it a new load starts from what the last
