@@ -72,6 +72,7 @@ from draftwise.trace import RoundRecord
 log = logging.getLogger(__name__)
 
 DECISIONS = ("query", "batch")
+EXPLORE_CUTS = 8  # every 8th width cut is skipped, so the survival it rests on keeps being measured
 
 
 @dataclass
@@ -125,6 +126,7 @@ class BatchEngine:
         # Per-query decisions: cut every chain to the width that pays for the whole padded batch
         # (``_cut_to_width``), from each draft position's measured survival.
         self.cut_width = cut_width
+        self.cuts_due = 0
         self.survival = DraftSurvival(max((arm.draft_len for arm in arms), default=1) or 1, prior=cap_acceptance or 0.9)
         self.noise_screen: NoiseScreen | None = NoiseScreen()  # coupled sampling: shared by every lane's engine
         # Arms drafting with a model (routed arms: every candidate is one), and what one of their
@@ -276,6 +278,9 @@ class BatchEngine:
         width = best_width(self.costs.coef, lengths, self.survival.expected_accepted(longest))
         if width >= longest:
             return plans
+        self.cuts_due += 1
+        if self.cuts_due % EXPLORE_CUTS == 0:
+            return plans  # a cut draft is never verified: let some through, or a bad start is never undone
         self.timing.width_cuts += 1
         return [plan if n <= width else cut_plan(plan, width) for plan, n in zip(plans, lengths)]
 
