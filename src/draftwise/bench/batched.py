@@ -92,7 +92,8 @@ def engine_runner(generator: Any, decide: str = "query") -> Runner:
             "batched_rounds": timing.rounds, "query_rounds": rounds, "mat": new / rounds if rounds else 0.0,
             "drafted": sum(r.stats.drafted for r in results), "accepted": sum(r.stats.accepted for r in results),
             "forward_s": timing.forward_s, "draft_s": timing.draft_s, "rounds_s": timing.rounds_s,
-            "bookkeeping_s": timing.bookkeeping_s, "width_cuts": timing.width_cuts, "kv_bytes": session.engine.target.kv_bytes(),
+            "bookkeeping_s": timing.bookkeeping_s, "width_cuts": timing.width_cuts,
+            "kv_bytes": session.engine.target.kv_bytes(),
             "pulls": pulls,
         }
         return BatchRun([r.token_ids for r in results], wall, stats)

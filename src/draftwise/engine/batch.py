@@ -56,8 +56,8 @@ import torch
 from draftwise.arms import Arm
 from draftwise.batched_lm import BatchedLM, RowLM
 from draftwise.coupling import NoiseScreen
-from draftwise.drafter_bank import attach_banks
 from draftwise.draft import Draft
+from draftwise.drafter_bank import attach_banks
 from draftwise.drafters.base import ModelDrafter
 from draftwise.drafters.pool import DrafterPool
 from draftwise.engine.loop import Engine, Planned, QueryOutcome
@@ -65,8 +65,16 @@ from draftwise.engine.query import QuerySettings, QueryState
 from draftwise.engine.routing import PromptFit
 from draftwise.policies import Policy, make_policy
 from draftwise.policies.base import replay
-from draftwise.step_costs import (DraftSurvival, StepCostModel, StepShape, best_width, cut_round, length_cap,
-                                  load_bucket, measured_shares)
+from draftwise.step_costs import (
+    DraftSurvival,
+    StepCostModel,
+    StepShape,
+    best_width,
+    cut_round,
+    length_cap,
+    load_bucket,
+    measured_shares,
+)
 from draftwise.trace import RoundRecord
 
 log = logging.getLogger(__name__)

@@ -31,8 +31,7 @@ from draftwise.errors import DraftwiseError
 from draftwise.policies import make_policy
 from draftwise.policies.base import replay
 from draftwise.policies.contextual import contextual_spec
-from draftwise.step_costs import (StepCostModel, StepShape, attribute, batch_times, cut_round, length_cap,
-                                  load_bucket)
+from draftwise.step_costs import StepCostModel, StepShape, attribute, batch_times, cut_round, length_cap, load_bucket
 from draftwise.trace import RoundRecord
 from draftwise.vllm.batch_view import BatchView
 from draftwise.vllm.options import ProposerOptions
@@ -324,7 +323,7 @@ class ProposerCore:
             state.pending = None
         if pending is None or shape is None or not outcomes:
             return
-        learner = self.batch_learners[pending.key]
+        learner = self.batch_learners[pending.bucket]
         played = cut_round(outcomes, None)
         for arm in range(pending.arm, -1, -1):  # lengths are sorted: the played one, then every shorter
             cut = played if arm == pending.arm else cut_round(outcomes, self.lengths[arm])
@@ -359,4 +358,4 @@ class ProposerCore:
             drafted += len(tokens)
             state.pulls[f"len@{length}"] += 1
             state.pending = Pending(arm, f"len@{length}", length, len(tokens), 0.0, learner=False)
-        self.batch_pending = Pending(arm, f"len@{length}", length, drafted, self.clock() - start, key=bucket)
+        self.batch_pending = Pending(arm, f"len@{length}", length, drafted, self.clock() - start, bucket=bucket)
