@@ -1,8 +1,8 @@
-"""A/B of the padded-width cut (session 13): ``draftwise bench`` in which a method named
-``METHOD~nocut`` runs METHOD with ``BatchEngine(cut_width=False)``, in the same process and
-interleaved with the others.
+"""A/B of the batched engine's switches: ``draftwise bench`` in which ``METHOD~nocut`` runs METHOD
+with ``BatchEngine.cut_width`` off (the padded-width cut, session 13), in the same process and
+interleaved with the others. A new switch is one more entry in ``SWITCHES``.
 
-    DRAFTWISE_DATA=../shared/data python benchmarks/width_cut_ab.py bench --out runs/cut --batch-size 8,16,32 \\
+    DRAFTWISE_DATA=../shared/data python benchmarks/batch_ab.py bench --out runs/ab --batch-size 8,16,32 \\
         --per-domain 4 --repeats 2 --threads 1 --methods ar,default,default~nocut,fixed:suffix,fixed:suffix~nocut
 """
 
@@ -15,28 +15,30 @@ from draftwise.bench import batched
 from draftwise.cli import main
 from draftwise.engine import batch
 
-NOCUT = "~nocut"
-_cut = {"on": True}
+SWITCHES = {"~nocut": "cut_width"}
+_off: set[str] = set()  # the switches the running method turns off
 _init = batch.BatchEngine.__init__
 _build = batched.build_runner
 
 
 def _engine_init(self: Any, *args: Any, **kwargs: Any) -> None:
     _init(self, *args, **kwargs)
-    self.cut_width = _cut["on"]
+    for attribute in _off:
+        setattr(self, attribute, False)
 
 
 def _build_runner(bench: Any, spec: str, length_drafter: str) -> Any:
-    if not spec.endswith(NOCUT):
+    suffix = next((s for s in SWITCHES if spec.endswith(s)), None)
+    if suffix is None:
         return _build(bench, spec, length_drafter)
-    inner = _build(bench, spec[: -len(NOCUT)], length_drafter)
+    inner = _build(bench, spec[: -len(suffix)], length_drafter)
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        _cut["on"] = False
+        _off.add(SWITCHES[suffix])
         try:
             return inner(*args, **kwargs)
         finally:
-            _cut["on"] = True
+            _off.clear()
 
     return run
 
