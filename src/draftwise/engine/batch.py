@@ -11,8 +11,8 @@ Shared cost. The forward's time is shared by its rows: a fitted step-cost model
 (:mod:`draftwise.step_costs`, ``T ≈ a + b·R + c·D``) splits it, each row paying ``a/R + b + c·d``
 for its ``d`` draft tokens. ``D`` is what the forward computes: every row padded to the longest
 draft, R × that width (the sum of the drafts, fitted before session 13, made a batch where a few
-rows draft look several times cheaper than it is). Throughput rewards therefore see what drafting really costs at this
-batch size: nearly nothing at batch 1, about a plain row's step per draft token when the forward
+rows draft look several times cheaper than it is). Throughput rewards therefore see what drafting
+really costs at this batch size: nearly nothing at batch 1, about a plain row's step per draft token when the forward
 is compute-bound — so speculation backs off as the batch grows.
 
 Each lane's learner is also told, every round it drafted, what no speculation would have earned:
@@ -241,8 +241,10 @@ class BatchEngine:
             lane.engine.length_cap = cap
             lane.engine.policy.blocked = blocked
             plans.append(lane.engine.plan(lane.query, forced))
-        if forced is None and self.cut_width:
-            plans = self._cut_to_width(plans, len(lanes))
+        chains = all(plan.draft.parents is None for plan in plans)
+        measure = forced is None and self.cut_width and chains  # per-query lanes: the padded width is theirs
+        if measure:
+            plans = self._cut_to_width(plans)
         inputs = [lane.engine.target_input(lane.query, plan.draft) for lane, plan in zip(lanes, plans)]
         forward_start = clock()
         logits = self.target.run(inputs, argmax=any(lane.query.settings.sampling.greedy for lane in lanes))
@@ -263,10 +265,10 @@ class BatchEngine:
             if plan.arm in self.model_arms and record.drafted > 0:
                 self.model_token_s.append(plan.draft_s / record.drafted)
             records.append(record)
-        if self.cut_width and all(plan.draft.parents is None for plan in plans):
+        if measure:
             self.survival.observe([(r.drafted, r.accepted) for r in records])
         if learner is not None and forced is not None:
-            self._batch_feedback(learner, forced, plans, records, clock() - start - seconds)
+            self._batch_feedback(learner, forced, chains, records, clock() - start - seconds)
         timing = self.timing
         timing.rounds += 1
         timing.rounds_s += clock() - start
@@ -274,14 +276,14 @@ class BatchEngine:
         timing.draft_s += sum(plan.draft_s for plan in plans)
         return [lane for lane in lanes if lane.query.finished]
 
-    def _cut_to_width(self, plans: list[Planned], rows: int) -> list[Planned]:
-        """Per-query decisions: the forward pads every row to the longest draft, so cut every chain
+    def _cut_to_width(self, plans: list[Planned]) -> list[Planned]:
+        """Per-query decisions (chains only): the forward pads every row to the longest draft, so cut every chain
         to the width with the best predicted throughput for the batch (:func:`~draftwise.step_costs.
         best_width`, each row's gain from the measured survival per draft position). A lane's learner
         chose its own draft; this only keeps one row's long draft from costing every row its width."""
         lengths = [len(plan.draft.tokens) for plan in plans]
         longest = max(lengths)
-        if longest == 0 or any(plan.draft.parents is not None for plan in plans):
+        if longest == 0:
             return plans
         width = best_width(self.costs.coef, lengths, self.survival.expected_accepted(longest))
         if width >= longest:
@@ -325,7 +327,7 @@ class BatchEngine:
             self.batch_learners[bucket] = copy.deepcopy(self.policy)
         return self.batch_learners[bucket]
 
-    def _batch_feedback(self, learner: Policy, arm: int, plans: Sequence[Any], records: list[RoundRecord],
+    def _batch_feedback(self, learner: Policy, arm: int, chains: bool, records: list[RoundRecord],
                         overhead_s: float) -> None:
         """``decide="batch"``: the batch learner's reward is the round's throughput per row in plain
         steps — tokens per row ÷ (the round's time ÷ a plain round's), the time being the cost
@@ -336,7 +338,6 @@ class BatchEngine:
         A chain draft of length k also tells what every shorter length of the same drafter would
         have done (the same tokens, cut: min(accepted, j) of j accepted, a shorter forward): each
         arm in ``shorter[arm]`` gets that round as a side observation."""
-        chains = all(plan.draft.parents is None for plan in plans)
         a, b, c = (float(v) for v in self.costs.coef[:3])
         rows = len(records)
         plain_row = (a + b * rows) / rows
