@@ -1,6 +1,7 @@
 """A/B of the batched engine's switches: ``draftwise bench`` in which ``METHOD~nocut`` runs METHOD
-with ``BatchEngine.cut_width`` off (the padded-width cut, session 13), in the same process and
-interleaved with the others. A new switch is one more entry in ``SWITCHES``.
+with ``BatchEngine.cut_width`` off (the padded-width cut, session 13) and ``METHOD~rowprefill`` with
+``share_prefill`` off (each joining prompt its own forward, as before session 14), in the same
+process and interleaved with the others. A new switch is one more entry in ``SWITCHES``.
 
     DRAFTWISE_DATA=../shared/data python benchmarks/batch_ab.py bench --out runs/ab --batch-size 8,16,32 \\
         --per-domain 4 --repeats 2 --threads 1 --methods ar,default,default~nocut,fixed:suffix,fixed:suffix~nocut
@@ -15,7 +16,7 @@ from draftwise.bench import batched
 from draftwise.cli import main
 from draftwise.engine import batch
 
-SWITCHES = {"~nocut": "cut_width"}
+SWITCHES = {"~nocut": "cut_width", "~rowprefill": "share_prefill"}
 _off: set[str] = set()  # the switches the running method turns off
 _init = batch.BatchEngine.__init__
 _build = batched.build_runner

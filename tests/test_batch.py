@@ -237,6 +237,31 @@ def test_an_over_long_prompt_fails_alone(tiny_models) -> None:
         gen.batch_session(decide="sometimes")
 
 
+def test_queries_that_join_together_share_their_prompts_forwards(tiny_models) -> None:
+    """Prompts admitted in the same step run through the target together — one forward per group
+    of similar lengths, not one each — and every row's cache is its own prompt's."""
+    from draftwise.engine.batch import prefill_groups
+
+    gen = _generator(tiny_models, "llama-target", ["pld"], "ucb")
+    rng = random.Random(7)
+    vocab = gen.target.vocab_size
+    lengths = [21, 30, 20, 22, 31, 2, 1]  # two groups of similar lengths, a 1-token prompt and a 1-token prefill
+    prompts = [[rng.randrange(1, vocab) for _ in range(n)] for n in lengths]
+    session = gen.batch_session(max_batch=8)
+    handles = [session.add(p, max_new_tokens=6, ignore_eos=True) for p in prompts]
+    session._admit()
+    prefill_lengths = sorted(n - 1 for n in lengths if n > 1)
+    assert session.engine.target.calls == len(prefill_groups(prefill_lengths)) == 3  # [1], [19-21], [29-30]
+    for handle, prompt in zip(handles, prompts):
+        row = handle.lane.row
+        assert row.tokens == prompt[:-1] and row.length == len(prompt) - 1
+    session.run()
+    for handle, prompt in zip(handles, prompts):
+        assert handle.result.error is None
+        assert_exact(gen.model, prompt, handle.result.token_ids, 6, frozenset(), "joined together")
+        assert handle.result.stats.rounds > 0
+
+
 def test_cancel_and_interrupt_leave_the_batch_exact(tiny_models) -> None:
     gen = _generator(tiny_models, "llama-target", [str(tiny_models["llama-near"]), "pld", "suffix"], "ucb")
     rng = random.Random(3)
@@ -421,3 +446,12 @@ def test_drafts_are_cut_to_the_width_that_pays_for_the_padded_batch(tiny_models)
     drafted = [r.drafted > 0 for h in handles for r in h.result.trace]
     assert 0 < sum(drafted) <= len(drafted) / 4
     assert any(r.drafted > 0 for r in reference for r in r.trace)  # without the cut, pld drafted
+
+
+def test_docstring_examples_of_the_batched_engine() -> None:
+    import doctest
+    import importlib
+
+    for name in ("draftwise.engine.batch", "draftwise.step_costs"):
+        result = doctest.testmod(importlib.import_module(name))
+        assert result.failed == 0 and result.attempted > 0, name

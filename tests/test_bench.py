@@ -232,6 +232,23 @@ def test_resume_with_other_run_defining_settings_is_refused(full_run):
 # ----------------------------------------------------------------------------- prompt files (no models)
 
 
+def test_batched_summary_compares_with_one_length_fixed_in_hindsight() -> None:
+    """The best fixed length is the one with the best *mean*, and each method is divided by it in
+    the same repeat — not by each repeat's best length (the maximum of the lengths' noise)."""
+    from draftwise.bench.batched import summarize_batched
+
+    speeds = {"ar": [100, 100], "length:2": [150, 120], "length:4": [130, 145], "banditspec-length": [140, 138]}
+    rows = [{"batch_size": 4, "method": m, "repeat": r, "tokens_per_s": v, "peak_rss_mb": 1.0}
+            for m, vs in speeds.items() for r, v in enumerate(vs)]
+    table = summarize_batched(rows)["4"]
+    best = table["banditspec-length"]["vs_best_length"]
+    assert best["length"] == "length:4"  # mean 137.5 against length:2's 135
+    assert best["per_repeat"] == [pytest.approx(140 / 130, abs=1e-3), pytest.approx(138 / 145, abs=1e-3)]
+    assert best["ratio"] == pytest.approx((140 / 130 + 138 / 145) / 2, abs=1e-3)
+    assert "vs_best_length" not in table["length:2"] and "vs_best_length" not in table["ar"]
+    assert "vs_best_length" not in summarize_batched([r for r in rows if r["method"] == "ar"])["4"]["ar"]
+
+
 def test_malformed_line_reports_its_line_number(tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "fine"}\n\n{"prompt": "broken"\n')

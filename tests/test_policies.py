@@ -293,3 +293,28 @@ def test_ucbspec_measured_scale_follows_the_rewards_spread() -> None:
     assert paper.radius_scale() == 2.0
     with pytest.raises(DraftwiseError, match="scale"):
         make_policy("ucbspec:scale=wide", ["a", "b"], np.random.default_rng(0))
+
+
+def test_ucbspec_discount_re_tries_an_arm_that_turned_good() -> None:
+    """``gamma`` < 1: the evidence fades every round played, so an arm abandoned while it was poor is
+    tried again and played once it is the better one; without the discount it is not (the
+    undiscounted learner's 200 early rounds outweigh the change)."""
+    def late_plays(spec: str) -> int:
+        rng = np.random.default_rng(5)
+        policy = make_policy(spec, ["none", "draft"], np.random.default_rng(0))
+        played = []
+        for t in range(600):
+            arm = policy.select()
+            means = [1.0, 0.7 if t < 200 else 1.3]  # drafting pays only after the answer's opening
+            policy.observe(arm, float(rng.normal(means[arm], 0.05)))
+            played.append(arm)
+        return sum(played[400:])
+
+    assert late_plays("ucbspec:max_draft=1,scale=std,gamma=0.98") > 150
+    assert late_plays("ucbspec:max_draft=1,scale=std") < 50
+    discounted = make_policy("ucbspec:gamma=0.5", ["a", "b"], np.random.default_rng(0))
+    discounted.observe(0, 1.0)
+    discounted.observe(0, 1.0)
+    assert discounted.pulls[0] == pytest.approx(1.5) and discounted.t == pytest.approx(1.5)
+    with pytest.raises(DraftwiseError, match="gamma"):
+        make_policy("ucbspec:gamma=0", ["a", "b"], np.random.default_rng(0))

@@ -124,10 +124,22 @@ class BatchSession:
 
     # ------------------------------------------------------------------------------------------
     def _admit(self) -> None:
-        while self.waiting and len(self.active) < self.max_batch:
-            handle = self.waiting.popleft()
-            generator = torch.Generator(device=self.engine.target.device).manual_seed(handle.seed)
-            handle.lane = self.engine.join(handle.prompt_ids, handle.settings, generator, handle.seed)
+        """Admit queued queries while there is room, all at once: their prompts share forwards."""
+        admitted: list[BatchQuery] = []
+        while self.waiting and len(self.active) + len(admitted) < self.max_batch:
+            admitted.append(self.waiting.popleft())
+        if not admitted:
+            return
+        device = self.engine.target.device
+        try:
+            lanes = self.engine.join_many([
+                (h.prompt_ids, h.settings, torch.Generator(device=device).manual_seed(h.seed), h.seed)
+                for h in admitted])
+        except BaseException:
+            self.waiting.extendleft(reversed(admitted))  # still queued, as before the step
+            raise
+        for handle, lane in zip(admitted, lanes):
+            handle.lane = lane
             self.active.append(handle)
 
     def _retire(self, handle: BatchQuery, reason: str | None = None) -> None:

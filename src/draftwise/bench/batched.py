@@ -9,9 +9,11 @@ Within a B every method runs once per repeat before any runs again (a drifting m
 methods of a repeat alike).
 
 Methods: ``ar``; ``hf-ar`` (transformers' batched ``generate`` on left-padded batches of B);
-``default``; ``fixed:NAME`` (one drafter; ``fixed:*`` each); ``length:K`` (the length drafter at K tokens every
-round); ``banditspec-length`` (one draft length 0..L per round for the whole batch, UCBSpec with
-the round's throughput as reward); any other policy or preset (each query its own learner).
+``default``; ``fixed:NAME[@L]`` (one drafter; ``fixed:*`` each; per-query lanes, so the engine's
+load cap and padded-width cut apply); ``length:K`` (the length drafter at K tokens every round,
+nothing cut: BanditSpec's fixed length); ``banditspec-length`` (one draft length 0..L per round
+for the whole batch, UCBSpec with the round's throughput as reward); any other policy or preset
+(each query its own learner).
 Greedy outputs are compared with ``ar``'s; a difference where the target's two best logits tie
 within 1e-4 is counted apart (batching changes float rounding), any other is a mismatch.
 """
@@ -70,11 +72,17 @@ def interleave_domains(prompts: Sequence[Any]) -> list[int]:
     return out
 
 
-def engine_runner(generator: Any, decide: str = "query") -> Runner:
+def engine_runner(generator: Any, decide: str = "query", adapt: bool = True) -> Runner:
+    """``adapt=False``: the engine's own load-aware adjustments of per-query drafts (the length cap
+    and the padded-width cut) are off, so every round drafts what the policy chose — a *fixed*
+    length really is one (BanditSpec's baseline)."""
     def run(prompts: Sequence[list[int]], batch: int, max_new: int) -> BatchRun:
         forget_stored_answers(generator.drafters)  # every run starts cold: no answers from earlier runs
         start = time.perf_counter()
         session = generator.batch_session(batch, decide)
+        if not adapt:
+            session.engine.cut_width = False
+            session.engine.cap_acceptance = 0.0
         handles = [session.add(p, max_new_tokens=max_new) for p in prompts]
         session.run()
         wall = time.perf_counter() - start
@@ -151,7 +159,7 @@ def build_runner(bench: Workbench, spec: str, length_drafter: str) -> Runner:
     if head == "length":
         if not arg.isdigit() or int(arg) < 1:
             raise DraftwiseError(f"method {spec}: length:K needs a draft length K ≥ 1")
-        return engine_runner(make("fixed", [length_drafter], draft_len=int(arg)))
+        return engine_runner(make("fixed", [length_drafter], draft_len=int(arg)), adapt=False)
     if spec.startswith("banditspec-length"):
         return engine_runner(make(spec, [length_drafter], arm_drafter=length_drafter), decide="batch")
     return engine_runner(make(spec))
@@ -263,19 +271,43 @@ def summarize_batched(rows: Sequence[dict]) -> dict[str, Any]:
                 "peak_rss_mb": round(max(r["peak_rss_mb"] for r in mine), 1),
                 "pulls": mine[-1].get("pulls", {}),
             }
+        add_best_length(table, at)
         out[str(size)] = table
     return out
 
 
+def add_best_length(table: dict[str, dict[str, Any]], rows: Sequence[dict]) -> None:
+    """BanditSpec §6.2's yardstick, where ``length:K`` methods ran: the best fixed length in
+    hindsight (the one with the highest mean tokens/s over the repeats) and, for every other method,
+    its tokens/s ÷ that length's in the same repeat (paired: a machine's drift falls on both), mean
+    and per repeat. One length fixed after the fact, not the best of each repeat, which would
+    favour the fixed lengths by the maximum of their noise."""
+    lengths = [m for m in table if m.startswith("length:")]
+    if not lengths:
+        return
+    best = max(lengths, key=lambda m: table[m]["tokens_per_s"])
+    best_by_repeat = {r["repeat"]: r["tokens_per_s"] for r in rows if r["method"] == best}
+    for method, entry in table.items():
+        if method == "ar" or method.startswith("length:"):
+            continue
+        ratios = [r["tokens_per_s"] / best_by_repeat[r["repeat"]] for r in rows
+                  if r["method"] == method and r["repeat"] in best_by_repeat]
+        if ratios:
+            entry["vs_best_length"] = {"length": best, "ratio": round(float(np.mean(ratios)), 3),
+                                       "per_repeat": [round(x, 3) for x in ratios]}
+
+
 def write_summary(out: Path, summary: dict[str, Any]) -> None:
     (out / f"{SUMMARY}.json").write_text(json.dumps(summary, indent=2))
-    lines = ["| B | method | tokens/s (± std) | × ar | MAT | mismatches (ties) | bookkeeping | KV MB |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| B | method | tokens/s (± std) | × ar | ÷ best length | MAT | mismatches (ties) | bookkeeping | KV MB |",
+             "|---:|---|---:|---:|---|---:|---:|---:|---:|"]
     for size, table in summary.items():
         for method, v in table.items():
             book = "" if v["bookkeeping_share"] is None else f"{100 * v['bookkeeping_share']:.2f} %"
+            best = v.get("vs_best_length")
+            vs = "" if best is None else f"{best['ratio']:.3f} ({best['length']})"
             lines.append(f"| {size} | {method} | {v['tokens_per_s']:.1f} ± {v['std']:.1f} | {v['speedup']:.3f} | "
-                         f"{v['mat']:.2f} | {v['mismatches']} ({v['ties']}) | {book} | {v['kv_mb']} |")
+                         f"{vs} | {v['mat']:.2f} | {v['mismatches']} ({v['ties']}) | {book} | {v['kv_mb']} |")
     (out / f"{SUMMARY}.md").write_text("\n".join(lines) + "\n")
     try:
         plot_throughput(out / "batch-throughput.png", summary)

@@ -5,7 +5,9 @@ target is the query's row of one :class:`~draftwise.batched_lm.BatchedLM`, whose
 query's copies of the pool (:class:`~draftwise.drafters.pool.DrafterPool`: per-query caches and
 indexes, shared weights and stores) and whose learner is a copy of the shared one. A round runs
 the lanes' own select → draft, then **one** target forward for every lane's draft, then each
-lane's own verify → accept → feedback. Lanes join and leave between rounds (continuous batching).
+lane's own verify → accept → feedback. Lanes join and leave between rounds (continuous batching);
+queries that join together run their prompts through the target together (``join_many``: one
+forward per group of similar lengths, where row by row every prompt stalled the batch alone).
 
 Shared cost. The forward's time is shared by its rows: a fitted step-cost model
 (:mod:`draftwise.step_costs`, ``T ≈ a + b·R + c·D``) splits it, each row paying ``a/R + b + c·d``
@@ -134,6 +136,7 @@ class BatchEngine:
         # Per-query decisions: cut every chain to the width that pays for the whole padded batch
         # (``_cut_to_width``), from each draft position's measured survival.
         self.cut_width = cut_width
+        self.share_prefill = True  # queries joining together share their prompts' forwards (off: row by row, for A/B)
         self.cuts_due = 0
         self.survival = DraftSurvival(max((arm.draft_len for arm in arms), default=1) or 1, prior=cap_acceptance or 0.9)
         self.noise_screen: NoiseScreen | None = NoiseScreen()  # coupled sampling: shared by every lane's engine
@@ -162,6 +165,29 @@ class BatchEngine:
              seed: int) -> Lane:
         """Add a query: its row, drafter copies and learner; its prompt runs through the target now
         (on its own row), so the batched rounds feed each row only its last token and its draft."""
+        return self.join_many([(prompt, settings, generator, seed)])[0]
+
+    def join_many(self, queries: Sequence[tuple[Sequence[int], QuerySettings, torch.Generator | None, int]]
+                  ) -> list[Lane]:
+        """Add several queries (``join``'s arguments each) at once: their prompts share target
+        forwards — one per group of similar lengths (:func:`prefill_groups`) — where row by row
+        each prompt would be a forward of its own while the batch waits. Returns their lanes in the
+        order given; if one fails, none joins."""
+        order = sorted(range(len(queries)), key=lambda i: len(queries[i][0]))  # similar lengths on adjacent rows
+        lanes: dict[int, Lane] = {}
+        try:
+            for i in order:
+                lanes[i] = self._add_lane(*queries[i])
+            self._prefill([lanes[i] for i in order])
+        except BaseException:
+            for lane in lanes.values():
+                self.target.drop_row(lane.row)
+                self.lanes.remove(lane)
+            raise
+        return [lanes[i] for i in range(len(queries))]
+
+    def _add_lane(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator | None,
+                  seed: int) -> Lane:
         row = self.target.add_row()
         try:
             drafters = self.pool.copies()
@@ -172,16 +198,36 @@ class BatchEngine:
             if self.decide == "query" and self.policy.keep:
                 engine.history = []
             query, prefill_s, setup_s = engine.start(prompt, settings, generator)
-            if row.length == 0 and len(prompt) > 1:
-                start = time.perf_counter()
-                row.logits(list(prompt[:-1]), 1)
-                prefill_s += time.perf_counter() - start
         except BaseException:
             self.target.drop_row(row)
             raise
         lane = Lane(engine, query, row, time.perf_counter(), prefill_s, setup_s)
         self.lanes.append(lane)
         return lane
+
+    def _prefill(self, lanes: Sequence[Lane]) -> None:
+        """Run the prompts of ``lanes`` (just added, on adjacent rows, shortest first) that their
+        engines have not prefilled — all but the last token, which round 1 feeds — in shared
+        forwards; each lane is charged its share of a forward's time by its prompt's length."""
+        todo = [lane for lane in lanes if lane.row.length == 0 and lane.query.prompt_len > 1]
+        runs: list[list[Lane]] = []
+        for lane in todo:  # rows adjacent in the buffers: a forward reads one contiguous slice
+            if runs and runs[-1][-1].row.index + 1 == lane.row.index:
+                runs[-1].append(lane)
+            else:
+                runs.append([lane])
+        for run in runs:
+            prompts = [lane.query.context[: lane.query.prompt_len - 1] for lane in run]
+            groups = prefill_groups([len(p) for p in prompts]) if self.share_prefill else \
+                [range(i, i + 1) for i in range(len(run))]
+            for group in groups:
+                inputs = [run[i].row.chain_input(prompts[i], 1) for i in group]
+                start = time.perf_counter()
+                self.target.run(inputs)
+                seconds = time.perf_counter() - start
+                total = sum(len(prompts[i]) for i in group)
+                for i in group:
+                    run[i].prefill_s += seconds * len(prompts[i]) / total
 
     def _lane_policy(self, seed: int) -> Policy:
         if self.decide == "batch":  # the batch learner decides; a lane only follows
@@ -353,6 +399,34 @@ class BatchEngine:
                 self.batch_records.append(record)
             else:
                 learner.side_update(played, record)
+
+
+PREFILL_SLACK = 1.25  # a shared prompt forward may compute up to 25 % padding
+PREFILL_TOKENS = 8192  # and at most this many token slots (its activations)
+
+
+def prefill_groups(lengths: Sequence[int], slack: float = PREFILL_SLACK,
+                   max_tokens: int = PREFILL_TOKENS) -> list[range]:
+    """Split prompts sorted by length into consecutive groups that share one forward each: a group
+    is padded to its longest, so it grows while its padded size stays within ``slack`` × its real
+    tokens and ``max_tokens``.
+
+    >>> prefill_groups([10, 11, 12, 40, 41])
+    [range(0, 3), range(3, 5)]
+    >>> prefill_groups([100, 100, 100], max_tokens=250)
+    [range(0, 2), range(2, 3)]
+    """
+    groups: list[range] = []
+    start, real = 0, 0
+    for i, n in enumerate(lengths):
+        rows = i - start + 1
+        if i > start and (rows * n > slack * (real + n) or rows * n > max_tokens):
+            groups.append(range(start, i))
+            start, real = i, 0
+        real += n
+    if lengths:
+        groups.append(range(start, len(lengths)))
+    return groups
 
 
 def cut_plan(plan: Planned, width: int) -> Planned:

@@ -45,6 +45,13 @@ class UCBSpecPolicy(MeanRewardPolicy):
     is the mean of its rows' and varies far less. ``scale=std`` puts the rewards' pooled standard
     deviation within arms in L/2's place (two pseudo-observations at L/2 while there are few): the
     same radius, its constant measured instead of bounded (BanditSpec §6.2's preset uses it).
+
+    ``gamma`` < 1 discounts the evidence every round played (D-UCB's device, MetaSD Alg. 6, on
+    UCBSpec's index): counts, sums and the round count t shrink by γ before the round is added, so
+    an arm left unplayed regains its radius and is tried again. A batch's best length moves within
+    a run — an answer's first rounds rarely find a lookup match, its later ones often do — and
+    without it a learner that settled on ``none`` early never re-tried drafting (side observations
+    reach only *shorter* lengths). 1 (no discount) is the paper.
     """
 
     summary = "BanditSpec UCBSpec (Alg. 4): round-robin start, then mean length + confidence radius (δ)"
@@ -61,14 +68,18 @@ class UCBSpecPolicy(MeanRewardPolicy):
         max_draft: int = 0,
         reward: str = "length",
         scale: str = "range",
+        gamma: float = 1.0,
         **common: Any,
     ) -> None:
+        if not 0.0 < gamma <= 1.0:
+            raise DraftwiseError(f"ucbspec: gamma (the discount per round) must be in (0, 1], got {gamma}")
         if not 0.0 < delta < 1.0 + 1e-12:
             raise DraftwiseError(f"ucbspec: delta must be in (0, 1], got {delta}")
         if scale not in ("range", "std"):
             raise DraftwiseError(f"ucbspec: scale must be range (L/2, the paper) or std (measured), got {scale!r}")
         self.delta = delta
         self.scale = scale
+        self.gamma = gamma
         self.max_draft = max_draft
         self.auto_draft = max_draft == 0  # L = the largest draft budget seen (arms may differ in L)
         super().__init__(arms, rng, reward=reward, **common)
@@ -103,6 +114,8 @@ class UCBSpecPolicy(MeanRewardPolicy):
         self.squares = weight * np.asarray(means, dtype=float) ** 2  # pseudo-pulls without spread
 
     def observe(self, arm: int, reward: float) -> None:
+        if self.gamma < 1.0:
+            self.decay_state(self.gamma)
         super().observe(arm, reward)
         self.squares[arm] += reward * reward
 
@@ -116,7 +129,8 @@ class UCBSpecPolicy(MeanRewardPolicy):
         return super().update(arm, record)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "delta": self.delta, "max_draft": self.max_draft, "scale": self.scale}
+        return {**super().state_dict(), "delta": self.delta, "max_draft": self.max_draft, "scale": self.scale,
+                "gamma": self.gamma}
 
 
 # -- UCB-Tuned ----------------------------------------------------------------------------------
