@@ -18,6 +18,7 @@ forward reads one contiguous slice of the buffers, never a gathered copy.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -142,6 +143,7 @@ class BatchedLM:
         self.rows: list[RowLM] = []
         self.capacity = 0
         self.calls = 0
+        self.reserve_s = 0.0  # seconds spent growing the buffers (inside run): not a forward's cost
         self.plan: ForwardPlan | None = None
         self.cache = self._new_cache()
 
@@ -186,9 +188,11 @@ class BatchedLM:
     def _reserve(self, length: int) -> None:
         if length <= self.capacity:
             return
+        start = time.perf_counter()
         self.capacity = max(2 * self.capacity, length, 64)
         for layer in self.cache.layers:
             layer.resize(len(self.rows), self.capacity)
+        self.reserve_s += time.perf_counter() - start
 
     # -- one forward for many rows ----------------------------------------------------------------
     @torch.inference_mode()
