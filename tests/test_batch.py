@@ -448,6 +448,36 @@ def test_drafts_are_cut_to_the_width_that_pays_for_the_padded_batch(tiny_models)
     assert any(r.drafted > 0 for r in reference for r in r.trace)  # without the cut, pld drafted
 
 
+def test_growing_the_kv_buffers_is_not_charged_to_a_forward(tiny_models, monkeypatch) -> None:
+    """The step-cost fit sees a round's forward without the buffers' growth (a copy of every row):
+    charged to that round's shape, one growth tripled the draft-token cost at B = 32 and the load cap
+    then stopped all drafting."""
+    import time as clock
+
+    from draftwise.batched_lm import RowLayer
+
+    grow = RowLayer.resize
+
+    def slow_resize(self, rows, capacity):
+        if self.keys is not None and capacity > self.keys.shape[2]:
+            clock.sleep(0.3)  # a growth that costs far more than any tiny forward
+        grow(self, rows, capacity)
+
+    monkeypatch.setattr(RowLayer, "resize", slow_resize)
+    gen = _generator(tiny_models, "llama-target", ["pld"], "ucb")
+    session = gen.batch_session(max_batch=2)
+    prompts = [[5, 6, 7, 5, 6, 7], [9, 8, 9, 8]]
+    handles = [session.add(p, max_new_tokens=90, ignore_eos=True) for p in prompts]
+    seen = []
+    observe = session.engine.costs.observe
+    session.engine.costs.observe = lambda shape: seen.append(shape.seconds) or observe(shape)
+    session.run()
+    assert session.engine.target.capacity >= 96 and session.engine.target.reserve_s > 0.3  # it grew in a round
+    assert seen and max(seen) < 0.3
+    for handle, prompt in zip(handles, prompts):
+        assert_exact(gen.model, prompt, handle.result.token_ids, 90, frozenset(), "grown")
+
+
 def test_docstring_examples_of_the_batched_engine() -> None:
     import doctest
     import importlib
