@@ -1,7 +1,8 @@
 """A/B of the batched engine's switches: ``draftwise bench`` in which ``METHOD~nocut`` runs METHOD
 with ``BatchEngine.cut_width`` off (the padded-width cut, session 13) and ``METHOD~rowprefill`` with
-``share_prefill`` off (each joining prompt its own forward, as before session 14), in the same
-process and interleaved with the others. A new switch is one more entry in ``SWITCHES``.
+``share_prefill`` off (each joining prompt its own forward, as before session 14) and
+``METHOD~noscout`` with ``scout_models`` off (any number of lanes may try a model arm in a round
+while its cost is unknown), in the same process and interleaved with the others. A new switch is one more entry in ``SWITCHES``.
 
     DRAFTWISE_DATA=../shared/data python benchmarks/batch_ab.py bench --out runs/ab --batch-size 8,16,32 \\
         --per-domain 4 --repeats 2 --threads 1 --methods ar,default,default~nocut,fixed:suffix,fixed:suffix~nocut
@@ -16,7 +17,7 @@ from draftwise.bench import batched
 from draftwise.cli import main
 from draftwise.engine import batch
 
-SWITCHES = {"~nocut": "cut_width", "~rowprefill": "share_prefill"}
+SWITCHES = {"~nocut": "cut_width", "~rowprefill": "share_prefill", "~noscout": "scout_models"}
 _off: set[str] = set()  # the switches the running method turns off
 _init = batch.BatchEngine.__init__
 _build = batched.build_runner

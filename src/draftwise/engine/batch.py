@@ -83,6 +83,7 @@ log = logging.getLogger(__name__)
 
 DECISIONS = ("query", "batch")
 EXPLORE_CUTS = 8  # every 8th width cut is skipped, so the survival it rests on keeps being measured
+MODEL_COST_KNOWN = 4  # model-arm rounds measured before their cost per token decides for every lane
 
 
 @dataclass
@@ -137,6 +138,7 @@ class BatchEngine:
         # (``_cut_to_width``), from each draft position's measured survival.
         self.cut_width = cut_width
         self.share_prefill = True  # queries joining together share their prompts' forwards (off: row by row, for A/B)
+        self.scout_models = True  # one lane a round tries a model arm while its cost is unknown (off: any, for A/B)
         self.cuts_due = 0
         self.survival = DraftSurvival(max((arm.draft_len for arm in arms), default=1) or 1, prior=cap_acceptance or 0.9)
         self.noise_screen: NoiseScreen | None = NoiseScreen()  # coupled sampling: shared by every lane's engine
@@ -281,12 +283,19 @@ class BatchEngine:
         forced = learner.select() if learner is not None else None
         cap = self._length_cap(len(lanes)) if forced is None else sys.maxsize
         blocked = self._unaffordable(len(lanes), cap) if forced is None else frozenset()
+        # While a model drafter's cost is unknown, one lane a round may try it: lanes that start
+        # together are copies of one learner and would all pick it in the same round, each
+        # drafting (routing, a prefill: ≈ 25 ms on CPU) while every row waits.
+        scout = self.scout_models and forced is None and len(lanes) > 1 and len(self.model_token_s) < MODEL_COST_KNOWN
         plans = []
         for lane in lanes:
             self.pool.refresh(lane.engine.drafters)
             lane.engine.length_cap = cap
             lane.engine.policy.blocked = blocked
-            plans.append(lane.engine.plan(lane.query, forced))
+            plan = lane.engine.plan(lane.query, forced)
+            if scout and plan.arm in self.model_arms:
+                blocked = blocked | self.model_arms
+            plans.append(plan)
         chains = all(plan.draft.parents is None for plan in plans)
         measure = forced is None and self.cut_width and chains  # per-query lanes: the padded width is theirs
         if measure:
@@ -360,7 +369,7 @@ class BatchEngine:
         tokens' verification *and* their forwards, run lane by lane while every row waits."""
         if cap == 0:
             return self.drafting_arms
-        if self.cap_acceptance <= 0 or not self.model_arms or len(self.model_token_s) < 4:
+        if self.cap_acceptance <= 0 or not self.model_arms or len(self.model_token_s) < MODEL_COST_KNOWN:
             return frozenset()
         token_s = statistics.median(self.model_token_s)
         if length_cap(self.costs.coef, requests, self.longest_model_draft, self.cap_acceptance, token_s) > 0:
