@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_POLICY = "ctx-ucb"  # measured best on the zoo dev set (BENCHMARKS.md, "Default policy selection")
+# measured best on the zoo dev set (BENCHMARKS.md, "Default policy selection"); the answer's first 16
+# tokens a context of their own since session 14 (BENCHMARKS.md, "Session 14")
+DEFAULT_POLICY = "ctx-ucb:opening=16"
 SAMPLING_SCHEMES = ("coupled", "rejection")  # how sampled tokens are drawn (draftwise.coupling)
 DEFAULT_SAMPLING = "coupled"  # one seed, one text: whatever the drafters, policy, batch or clock
 DEFAULT_DRAFT_LEN = 4  # draft tokens per round; verifying 5 tokens costs ≈ 1.6–2× one on CPU

@@ -274,7 +274,7 @@ class Engine:
             draft = self.drafters[i].propose(query.context, budget, query.dctx)
             proposed[(i, budget)] = draft
             flags.append(bool(draft.tokens))
-        key = tuple(flags)
+        key = self.policy.context_key(tuple(flags), query.generated)
         lookup_s = time.perf_counter() - start
         self.policy.set_context(key)
         return (self._choose() if imposed is None else imposed), key, lookup_s

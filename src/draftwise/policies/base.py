@@ -137,9 +137,14 @@ class Policy(ABC):
         raise DraftwiseError(f"{type(self).__name__} has no warm-start prior")
 
     # -- decisions and feedback ------------------------------------------------------------
+    def context_key(self, proposing: tuple[bool, ...], position: int) -> tuple[Hashable, ...]:
+        """The context of a round from which ``context_on`` drafters have a proposal and how many
+        tokens the answer has so far (a contextual learner may add to it)."""
+        return proposing
+
     def set_context(self, key: tuple[Hashable, ...]) -> None:
-        """Before ``select``: which of the ``context_on`` drafters have a proposal this round
-        (a caller may add more to the key, e.g. a load bucket)."""
+        """Before ``select``: the round's :meth:`context_key` (a caller may add more to the key,
+        e.g. a load bucket)."""
 
     @abstractmethod
     def select(self) -> int:

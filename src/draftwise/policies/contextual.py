@@ -96,6 +96,7 @@ class ContextualUCBPolicy(UCBPolicy):
         plain: bool = True,
         fallback: str = "none",
         model_decay: float = 1.0,
+        opening: int = 0,
         **common: Any,
     ) -> None:
         if lead < 0 or not 0.0 <= lag <= 1.0:
@@ -104,7 +105,12 @@ class ContextualUCBPolicy(UCBPolicy):
             raise DraftwiseError(f"ctx-ucb: fallback must be one of {', '.join(FALLBACKS)} (got {fallback!r})")
         if not 0.0 <= model_decay <= 1.0:
             raise DraftwiseError(f"ctx-ucb: model_decay must be in [0, 1] (got {model_decay})")
+        if opening < 0:
+            raise DraftwiseError(f"ctx-ucb: opening must be >= 0 tokens (got {opening})")
         self.on = on
+        # The answer's first ``opening`` tokens are a context of their own: lookups rarely match
+        # there, and what they teach should not stand for the rest of the answer.
+        self.opening = opening
         self.fallback = fallback  # the prior's leader where no lookup proposes: ``none`` or the model arm
         self.model_decay = model_decay  # per query, for model-drafter arms (``decay``: the others)
         self.context_on = tuple(name for name in on.split("+") if name)
@@ -127,6 +133,9 @@ class ContextualUCBPolicy(UCBPolicy):
             pulls = np.full(self.n_arms, float(self.prior_weight))
             return pulls, self.prior_weight * np.asarray(self.prior, dtype=float), float(pulls.sum())
         return np.zeros(self.n_arms), np.zeros(self.n_arms), 0.0
+
+    def context_key(self, proposing: tuple[bool, ...], position: int) -> tuple[Hashable, ...]:
+        return (*proposing, position < self.opening) if self.opening else proposing
 
     def set_context(self, key: tuple[Hashable, ...]) -> None:
         if key == self.key:

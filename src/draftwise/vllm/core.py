@@ -292,7 +292,8 @@ class ProposerCore:
                 flags.append(bool(proposals[index]))
             if not any(flags) and all(a.drafter is None or a.drafter in proposals for a in self.arms):
                 return []  # no arm could draft: a plain step, nothing for the learner to learn
-            key = (*flags, bucket) if self.options.load_context else tuple(flags)
+            key = policy.context_key(tuple(flags), state.new_tokens)
+            key = (*key, bucket) if self.options.load_context else key
             policy.set_context(key)
         arm_index = policy.select()
         arm = self.arms[arm_index]
