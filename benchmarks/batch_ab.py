@@ -1,8 +1,12 @@
-"""A/B of the batched engine's switches: ``draftwise bench`` in which ``METHOD~nocut`` runs METHOD
-with ``BatchEngine.cut_width`` off (the padded-width cut, session 13) and ``METHOD~rowprefill`` with
-``share_prefill`` off (each joining prompt its own forward, as before session 14) and
-``METHOD~noscout`` with ``scout_models`` off (any number of lanes may try a model arm in a round
-while its cost is unknown), in the same process and interleaved with the others. A new switch is one more entry in ``SWITCHES``.
+"""A/B of the batched engine's switches: ``draftwise bench`` in which a method's suffix turns one
+``BatchEngine`` switch off, in the same process and interleaved with the others:
+
+- ``METHOD~nocut``: ``cut_width`` (the padded-width cut, session 13);
+- ``METHOD~rowprefill``: ``share_prefill`` (each joining prompt its own forward, as before session 14);
+- ``METHOD~noscout``: ``scout_models`` (any number of lanes may try a model arm in a round while its
+  cost is unknown, as before session 14).
+
+A new switch is one more entry in ``SWITCHES``.
 
     DRAFTWISE_DATA=../shared/data python benchmarks/batch_ab.py bench --out runs/ab --batch-size 8,16,32 \\
         --per-domain 4 --repeats 2 --threads 1 --methods ar,default,default~nocut,fixed:suffix,fixed:suffix~nocut
