@@ -4,7 +4,9 @@
 - ``METHOD~nocut``: ``cut_width`` (the padded-width cut, session 13);
 - ``METHOD~rowprefill``: ``share_prefill`` (each joining prompt its own forward, as before session 14);
 - ``METHOD~noscout``: ``scout_models`` (any number of lanes may try a model arm in a round while its
-  cost is unknown, as before session 14).
+  cost is unknown, as before session 14);
+- ``METHOD~grow``: ``reserve_at_join`` (the KV buffers grow by doubling when a forward needs room,
+  as before session 14, instead of being sized at the join).
 
 A new switch is one more entry in ``SWITCHES``.
 
@@ -21,7 +23,8 @@ from draftwise.bench import batched
 from draftwise.cli import main
 from draftwise.engine import batch
 
-SWITCHES = {"~nocut": "cut_width", "~rowprefill": "share_prefill", "~noscout": "scout_models"}
+SWITCHES = {"~nocut": "cut_width", "~rowprefill": "share_prefill", "~noscout": "scout_models",
+            "~grow": "reserve_at_join"}
 _off: set[str] = set()  # the switches the running method turns off
 _init = batch.BatchEngine.__init__
 _build = batched.build_runner

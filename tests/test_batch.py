@@ -248,17 +248,21 @@ def test_queries_that_join_together_share_their_prompts_forwards(tiny_models) ->
     lengths = [21, 30, 20, 22, 31, 2, 1]  # two groups of similar lengths, a 1-token prompt and a 1-token prefill
     prompts = [[rng.randrange(1, vocab) for _ in range(n)] for n in lengths]
     session = gen.batch_session(max_batch=8)
-    handles = [session.add(p, max_new_tokens=6, ignore_eos=True) for p in prompts]
+    handles = [session.add(p, max_new_tokens=40, ignore_eos=True) for p in prompts]
     session._admit()
     prefill_lengths = sorted(n - 1 for n in lengths if n > 1)
     assert session.engine.target.calls == len(prefill_groups(prefill_lengths)) == 3  # [1], [19-21], [29-30]
     for handle, prompt in zip(handles, prompts):
         row = handle.lane.row
         assert row.tokens == prompt[:-1] and row.length == len(prompt) - 1
+    target = session.engine.target
+    assert target.capacity >= max(lengths) + 40  # room for the longest prompt and its answer, made at the join
+    grown, buffers = target.reserve_s, target.cache.layers[0].keys
     session.run()
+    assert target.reserve_s == grown and target.cache.layers[0].keys is buffers  # no round had to grow them
     for handle, prompt in zip(handles, prompts):
         assert handle.result.error is None
-        assert_exact(gen.model, prompt, handle.result.token_ids, 6, frozenset(), "joined together")
+        assert_exact(gen.model, prompt, handle.result.token_ids, 40, frozenset(), "joined together")
         assert handle.result.stats.rounds > 0
 
 
@@ -464,6 +468,7 @@ def test_growing_the_kv_buffers_is_not_charged_to_a_forward(tiny_models, monkeyp
         grow(self, rows, capacity)
 
     monkeypatch.setattr(RowLayer, "resize", slow_resize)
+    monkeypatch.setattr(BatchedLM, "reserve", lambda self, rows, length: None)  # joins no longer make room
     gen = _generator(tiny_models, "llama-target", ["pld"], "ucb")
     session = gen.batch_session(max_batch=2)
     prompts = [[5, 6, 7, 5, 6, 7], [9, 8, 9, 8]]

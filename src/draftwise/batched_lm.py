@@ -185,6 +185,17 @@ class BatchedLM:
         return sum(t.numel() * t.element_size() for layer in self.cache.layers for t in (layer.keys, layer.values)
                    if t is not None)
 
+    @torch.inference_mode()
+    def reserve(self, rows: int, length: int) -> None:
+        """Make room now for ``rows`` rows of ``length`` slots (a join: what its queries may reach),
+        so that no round has to grow the buffers — each growth copies every row — and rows joining
+        one by one do not double the buffers once per power of two."""
+        start = time.perf_counter()
+        self.capacity = max(self.capacity, length)
+        for layer in self.cache.layers:
+            layer.resize(rows, self.capacity)
+        self.reserve_s += time.perf_counter() - start
+
     def _reserve(self, length: int) -> None:
         if length <= self.capacity:
             return

@@ -139,6 +139,7 @@ class BatchEngine:
         self.cut_width = cut_width
         self.share_prefill = True  # queries joining together share their prompts' forwards (off: row by row, for A/B)
         self.scout_models = True  # one lane a round tries a model arm while its cost is unknown (off: any, for A/B)
+        self.reserve_at_join = True  # joins make room for their queries' longest contexts (off: grow when full)
         self.cuts_due = 0
         self.survival = DraftSurvival(max((arm.draft_len for arm in arms), default=1) or 1, prior=cap_acceptance or 0.9)
         self.noise_screen: NoiseScreen | None = NoiseScreen()  # coupled sampling: shared by every lane's engine
@@ -176,6 +177,10 @@ class BatchEngine:
         each prompt would be a forward of its own while the batch waits. Returns their lanes in the
         order given; if one fails, none joins."""
         order = sorted(range(len(queries)), key=lambda i: len(queries[i][0]))  # similar lengths on adjacent rows
+        # room for every joining query's longest possible context (prompt, answer, a draft on top)
+        if self.reserve_at_join:
+            longest = max((len(prompt) + settings.max_new_tokens for prompt, settings, _, _ in queries), default=0)
+            self.target.reserve(len(self.target.rows) + len(queries), longest + self.longest_draft + 1)
         lanes: dict[int, Lane] = {}
         try:
             for i in order:
