@@ -197,13 +197,8 @@ class BatchedLM:
         self.reserve_s += time.perf_counter() - start
 
     def _reserve(self, length: int) -> None:
-        if length <= self.capacity:
-            return
-        start = time.perf_counter()
-        self.capacity = max(2 * self.capacity, length, 64)
-        for layer in self.cache.layers:
-            layer.resize(len(self.rows), self.capacity)
-        self.reserve_s += time.perf_counter() - start
+        if length > self.capacity:  # a forward that needs more room: double (rows as they are)
+            self.reserve(len(self.rows), max(2 * self.capacity, length, 64))
 
     # -- one forward for many rows ----------------------------------------------------------------
     @torch.inference_mode()
