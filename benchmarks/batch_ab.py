@@ -6,7 +6,10 @@
 - ``METHOD~noscout``: ``scout_models`` (any number of lanes may try a model arm in a round while its
   cost is unknown, as before session 14);
 - ``METHOD~grow``: ``reserve_at_join`` (the KV buffers grow by doubling when a forward needs room,
-  as before session 14, instead of being sized at the join).
+  as before session 14, instead of being sized at the join);
+- ``METHOD~nocap``: ``cap_acceptance`` (no load cap on per-query drafts);
+- ``METHOD~nocredit``: ``credit_plain`` (lanes not told what ``none`` would have earned);
+- ``METHOD~nomodels``: no lane ever plays a model-drafter arm (lookups only).
 
 A new switch is one more entry in ``SWITCHES``.
 
@@ -24,16 +27,23 @@ from draftwise.cli import main
 from draftwise.engine import batch
 
 SWITCHES = {"~nocut": "cut_width", "~rowprefill": "share_prefill", "~noscout": "scout_models",
-            "~grow": "reserve_at_join"}
+            "~grow": "reserve_at_join", "~nocap": "cap_acceptance", "~nocredit": "credit_plain",
+            "~nomodels": "models"}
 _off: set[str] = set()  # the switches the running method turns off
 _init = batch.BatchEngine.__init__
 _build = batched.build_runner
+_unaffordable = batch.BatchEngine._unaffordable
 
 
 def _engine_init(self: Any, *args: Any, **kwargs: Any) -> None:
     _init(self, *args, **kwargs)
-    for attribute in _off:
+    for attribute in _off - {"models"}:
         setattr(self, attribute, False)
+
+
+def _engine_unaffordable(self: Any, requests: int, cap: int) -> frozenset[int]:
+    blocked = _unaffordable(self, requests, cap)
+    return blocked | self.model_arms if "models" in _off else blocked
 
 
 def _build_runner(bench: Any, spec: str, length_drafter: str) -> Any:
@@ -54,5 +64,6 @@ def _build_runner(bench: Any, spec: str, length_drafter: str) -> Any:
 
 if __name__ == "__main__":
     batch.BatchEngine.__init__ = _engine_init  # type: ignore[method-assign]
+    batch.BatchEngine._unaffordable = _engine_unaffordable  # type: ignore[method-assign]
     batched.build_runner = _build_runner
     main(sys.argv[1:])

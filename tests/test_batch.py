@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import signal
+from typing import Any
 
 import numpy as np
 import pytest
@@ -344,22 +345,45 @@ def test_the_shared_learner_hears_the_rounds_its_lanes_heard(tiny_models) -> Non
     assert heard is not first and heard.verify_s < first.verify_s  # the prefill stayed out
 
 
+def _measure_draft_cost(costs: Any) -> None:
+    """Steps that pin down what a draft token costs (the cap trusts nothing less)."""
+    from draftwise.step_costs import StepShape
+
+    for drafted in (0, 64, 0, 128, 32, 0, 96, 16) * 4:
+        costs.observe(StepShape(3, drafted, 0.002 + 1e-4 * drafted))
+    assert costs.draft_cost_known
+
+
 def test_the_load_cap_cuts_drafts_and_stops_them_where_nothing_pays(tiny_models) -> None:
     """Each lane's draft is cut to the length the step-cost model says pays at this load; where no
     length pays (here: a drafter assumed to accept 1 % of its tokens), no lane drafts. Exact either way."""
-    gen = _generator(tiny_models, "llama-target", ["pld"], "ucb:keep=true,reward=throughput", arms="pld@8,none")
+    gen = _generator(tiny_models, "llama-target", ["pld"], "fixed", arms="pld@8,none")
     prompts = [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]] * 3
-    reference = gen.generate_batch(prompts, max_new_tokens=16, batch_size=3, ignore_eos=True)
+    reference = gen.generate_batch(prompts, max_new_tokens=24, batch_size=3, ignore_eos=True)
     for cap, most in ((0.01, 0), (0.9, 8)):
         session = gen.batch_session(3)
         session.engine.cap_acceptance = cap
-        handles = [session.add(p, max_new_tokens=16, ignore_eos=True) for p in prompts]
+        _measure_draft_cost(session.engine.costs)
+        handles = [session.add(p, max_new_tokens=24, ignore_eos=True) for p in prompts]
         session.run()
         rounds = [r for h in handles for r in h.result.trace]
         assert [h.result.token_ids for h in handles] == [r.token_ids for r in reference]
         assert max(r.drafted for r in rounds) <= most
         if most == 0:
             assert {r.arm_name for r in rounds} == {"none"}
+
+
+def test_the_load_cap_waits_until_a_draft_token_cost_is_measured(tiny_models) -> None:
+    """A fresh step-cost model knows a draft token's cost only from its prior (a CPU's guess): the cap
+    lets drafts through until steps with drafts have measured it — or on a GPU, where drafts are
+    nearly free, the prior's cost would stop all drafting and no step would ever correct it."""
+    gen = _generator(tiny_models, "llama-target", ["pld"], "fixed", arms="pld@8,none")
+    session = gen.batch_session(3)
+    session.engine.cap_acceptance = 0.01  # no length pays for this drafter, by any measured cost
+    handles = [session.add([1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3], max_new_tokens=16, ignore_eos=True) for _ in range(3)]
+    session.run()
+    drafted = [r.index for h in handles for r in h.result.trace if r.drafted > 0]
+    assert drafted and min(drafted) == 0  # the first round drafted, where the prior's cost said no length pays
 
 
 def test_model_drafter_arms_are_blocked_where_their_tokens_cannot_pay(tiny_models) -> None:
@@ -441,6 +465,7 @@ def test_drafts_are_cut_to_the_width_that_pays_for_the_padded_batch(tiny_models)
     reference = gen.generate_batch(prompts, max_new_tokens=48, batch_size=3, ignore_eos=True)
     session = gen.batch_session(3)
     session.engine.survival = DraftSurvival(8, prior=0.01, weight=1e12)
+    _measure_draft_cost(session.engine.costs)
     handles = [session.add(p, max_new_tokens=48, ignore_eos=True) for p in prompts]
     session.run()
     assert [h.result.token_ids for h in handles] == [r.token_ids for r in reference]

@@ -429,6 +429,18 @@ def test_bench_refuses_bad_numbers_before_anything(setup, capsys, tmp_path, extr
     assert not out.exists()
 
 
+def test_bench_device_reaches_the_models_and_a_bad_one_is_one_clear_error(setup, capsys, tmp_path):
+    """``--device`` (CUDA users' bench) moves every model there; one the machine lacks is one line."""
+    argv = ["bench", "--data", setup["data"], "--target", str(setup["models"]["llama-target"]),
+            "--drafter", "pld", "--methods", "fixed:pld", "--quiet", "--no-plots", "--max-new-tokens", "4"]
+    assert main([*argv, "--out", str(tmp_path / "bad"), "--device", "nonsense"]) == 2
+    err = capsys.readouterr().err
+    assert "device 'nonsense'" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert main([*argv, "--out", str(tmp_path / "cpu"), "--device", "cpu", "--batch-size", "2"]) == 0
+    env = json.loads((tmp_path / "cpu" / "batch-env.json").read_text())
+    assert env["config"]["device"] == "cpu"
+
+
 def test_router_without_training_prompts_names_what_is_missing(setup, capsys, monkeypatch, tmp_path):
     import draftwise.bench.datasets as datasets
     import draftwise.bench.runner as runner

@@ -159,6 +159,21 @@ def test_cost_model_recovers_a_linear_step_cost():
     assert not model.observe(StepShape(2, 0, 5.0))  # an idle server's gap is no cost sample
 
 
+def test_draft_token_cost_is_known_only_once_steps_with_drafts_pin_it_down():
+    model = StepCostModel()
+    for _ in range(200):  # plain steps say nothing of a draft token
+        model.observe(StepShape(32, 0, 0.004))
+    assert not model.draft_cost_known
+    model.observe(StepShape(32, 32, 0.0041))  # one narrow draft: not told apart from the rows
+    assert not model.draft_cost_known
+    for drafted in (256, 0, 128, 0):
+        model.observe(StepShape(32, drafted, 0.004 + 2e-6 * drafted))
+    assert model.draft_cost_known and model.coef[2] < 2e-5  # the prior's 3e-4 is gone
+    for _ in range(2000):  # a cap that stays at 0: the measurement fades, drafts are let through again
+        model.observe(StepShape(32, 0, 0.004))
+    assert not model.draft_cost_known
+
+
 def test_attributed_reward_is_load_aware():
     coef = np.array([0.008, 0.0005, 0.001, 0.0])
     alone = attribute(coef, StepShape(1, 4, 0.012), 4, 0.0, "plain-step")

@@ -42,6 +42,16 @@ PRIOR_WEIGHT = 4.0
 FORGET = 0.995  # per step: the fit follows a machine whose speed drifts (shared CPUs)
 IDLE_FACTOR = 8.0  # a step this many times slower than predicted waited for work: not a cost sample
 IDLE_MIN_S = 0.05
+# Decisions that stop all drafting (the load cap at 0, a width cut) rest on the draft-token cost
+# c, and a step without drafts says nothing of it. On the prior's guess alone (a CPU's: ~100× what
+# an H200 pays at small sizes), or on one step whose drafts could not be told apart from its rows
+# (the ridge then keeps the prior), the cap held the default to no drafts at batch 32 on an H200
+# (0.64–0.78× plain decoding) and nothing ever corrected it. c counts as known once the measured
+# steps pin it down this many times tighter (posterior variance) than the prior alone; until then
+# the cap probes (StepCostModel.probe_length). The information forgets like the fit, so a cap that
+# stays at 0 probes again once it has faded.
+DRAFT_COST_KNOWN = 2.0
+PROBE_TOKENS = 64  # draft tokens of a step that measures their cost: one such step at batch 32 makes it known
 
 
 @dataclass
@@ -72,6 +82,16 @@ class StepCostModel:
         self.moment = np.zeros(4)
         self.steps = 0
         self.coef = self.prior_mean.copy()
+        self.draft_cost_known = False  # see DRAFT_COST_KNOWN
+
+    def probe_length(self, requests: int) -> int | None:
+        """While a draft token's cost is unknown, every other step drafts at most this many tokens a
+        request (≈ PROBE_TOKENS in all: enough to measure, cheap where drafts are dear); None = no
+        probe this step. The capped steps between give the contrast that tells a draft token's cost
+        apart from a row's, which steps that all draft alike (``D = R × width``) never would."""
+        if self.draft_cost_known or self.steps % 2:
+            return None
+        return max(1, math.ceil(PROBE_TOKENS / max(requests, 1)))
 
     def predict(self, shape: StepShape) -> float:
         return float(self.coef @ shape.features())
@@ -88,7 +108,10 @@ class StepCostModel:
         self.gram = self.forget * self.gram + np.outer(x, x)
         self.moment = self.forget * self.moment + x * shape.seconds
         self.steps += 1
-        coef = np.linalg.solve(self.gram + self.prior_prec, self.moment + self.prior_prec @ self.prior_mean)
+        precision = self.gram + self.prior_prec
+        coef = np.linalg.solve(precision, self.moment + self.prior_prec @ self.prior_mean)
+        # posterior variance of c ÷ the prior's: how much tighter the steps pin down a draft token's cost
+        self.draft_cost_known = bool(np.linalg.inv(precision)[2, 2] * self.prior_prec[2, 2] <= 1 / DRAFT_COST_KNOWN)
         self.coef = np.maximum(coef, [0.0, 1e-6, 1e-6, 0.0])  # costs are never negative
         return True
 

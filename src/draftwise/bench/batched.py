@@ -101,6 +101,7 @@ def engine_runner(generator: Any, decide: str = "query", adapt: bool = True) -> 
             "drafted": sum(r.stats.drafted for r in results), "accepted": sum(r.stats.accepted for r in results),
             "forward_s": timing.forward_s, "draft_s": timing.draft_s, "rounds_s": timing.rounds_s,
             "bookkeeping_s": timing.bookkeeping_s, "width_cuts": timing.width_cuts,
+            "capped_rounds": timing.capped_rounds,
             "kv_bytes": session.engine.target.kv_bytes(),
             "pulls": pulls,
         }
@@ -125,8 +126,8 @@ def hf_runner(model: Any, pad_id: int) -> Runner:
                 ids[row, width - len(p) :] = torch.tensor(p)
                 mask[row, width - len(p) :] = 1
             with torch.inference_mode():
-                out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
-                                     pad_token_id=pad_id)
+                out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device),
+                                     max_new_tokens=max_new, do_sample=False, pad_token_id=pad_id)
             for row in range(len(group)):
                 new = out[row, width:].tolist()
                 cut = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
@@ -240,7 +241,7 @@ def compare(model: Any, prompts: Sequence[list[int]], reference: Sequence[list[i
             continue
         first = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
         if first < min(len(want), len(have)):
-            logits = model(torch.tensor([prompt + want[:first]])).logits[0, -1].float()
+            logits = model(torch.tensor([prompt + want[:first]], device=model.device)).logits[0, -1].float()
             top = logits.topk(2).values
             if float(top[0] - top[1]) < TIE:
                 ties += 1

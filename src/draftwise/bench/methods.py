@@ -283,7 +283,7 @@ class HFMethod:
     def run(self, ids: list[int], text: str, seed: int, settings: DecodeSettings) -> Output:
         import torch
 
-        x = torch.tensor([ids])
+        x = torch.tensor([ids], device=self.model.device)
         sample = settings.temperature > 0
         kwargs: dict[str, Any] = dict(attention_mask=torch.ones_like(x), max_new_tokens=settings.max_new_tokens,
                                       do_sample=sample, **self.kwargs)

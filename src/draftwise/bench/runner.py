@@ -60,8 +60,8 @@ DEFAULT_POOL = ("zoo:all", "pld", "suffix")
 DEFAULT_METHODS = ("ar", "default", "fixed:*", "random", "policies:*", "router", "oracle", "hf-assisted:*", "hf-pld")
 # Settings that change what a row means: a resumed run must match them exactly.
 RUN_DEFINING = ("target", "drafters", "max_new_tokens", "temperature", "top_k", "top_p", "sampling", "draft_len",
-                "seed", "turns", "dtype", "warmup_tokens")
-LEGACY_SETTINGS = {"sampling": "rejection"}  # what runs recorded before a setting existed
+                "seed", "turns", "dtype", "device", "warmup_tokens")
+LEGACY_SETTINGS = {"sampling": "rejection", "device": "cpu"}  # what runs recorded before a setting existed
 ROUTER_PER_LABEL = 400  # zoo training prompts per domain for the router
 
 
@@ -89,6 +89,7 @@ class BenchConfig:
     ray: str | None = None
     threads: int = 1  # torch threads per worker
     dtype: str = "float32"
+    device: str = "cpu"  # torch device of every model (cuda, cuda:1, mps, ...)
     progress: bool = True
 
     def settings(self) -> DecodeSettings:
@@ -235,7 +236,7 @@ def load_workbench(config: BenchConfig, router: Any = None) -> Workbench:
     from draftwise.drafters import build_drafters
     from draftwise.loading import LoadOptions, load_causal_lm
 
-    options = LoadOptions(dtype=config.dtype)
+    options = LoadOptions(device=config.device, dtype=config.dtype)
     model, tokenizer = load_causal_lm(config.target, options)
     pool = build_drafters(list(config.drafters), model, tokenizer, options)
     return Workbench(model, tokenizer, pool, config.draft_len, config.seed, drafter_domains(pool), router,

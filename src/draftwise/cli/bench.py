@@ -73,6 +73,7 @@ def register(subparsers: Any) -> None:
                    help="length of each method's untimed warm-up run (0: none)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
     p.add_argument("--dtype", default="float32", help="model dtype (default float32)")
+    p.add_argument("--device", default="cpu", help="torch device of every model (default cpu; e.g. cuda)")
     p.add_argument("--batch-size", default=None, metavar="B[,B...]",
                    help="batched rounds: run every method over all prompts B at a time (continuous batching) and "
                    "report output tokens/s against ar, batched plain decoding at the same B (methods: ar, hf-ar, "
@@ -96,7 +97,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         sampling=args.sampling, repeats=args.repeats, draft_len=args.draft_len, seed=args.seed, turns=args.turns,
         per_domain=args.per_domain,
         zoo_corpus=args.zoo_corpus, router_train=args.router_train, warmup_tokens=args.warmup_tokens,
-        workers=args.workers, ray=args.ray, threads=args.threads, dtype=args.dtype, progress=not args.quiet,
+        workers=args.workers, ray=args.ray, threads=args.threads, dtype=args.dtype, device=args.device,
+        progress=not args.quiet,
     )
 
 

@@ -96,6 +96,7 @@ class BatchTiming:
     forward_s: float = 0.0
     draft_s: float = 0.0
     width_cuts: int = 0  # rounds whose drafts were cut to a narrower padded width (per-query decisions)
+    capped_rounds: int = 0  # rounds in which the load cap let no lane draft (per-query decisions)
 
     @property
     def bookkeeping_s(self) -> float:
@@ -288,6 +289,7 @@ class BatchEngine:
         forced = learner.select() if learner is not None else None
         cap = self._length_cap(len(lanes)) if forced is None else sys.maxsize
         blocked = self._unaffordable(len(lanes), cap) if forced is None else frozenset()
+        self.timing.capped_rounds += cap == 0 and bool(self.drafting_arms)
         # While a model drafter's cost is unknown, one lane a round may try it: lanes that start
         # together are copies of one learner and would all pick it in the same round, each
         # drafting (routing, a prefill: ≈ 25 ms on CPU) while every row waits.
@@ -302,7 +304,8 @@ class BatchEngine:
                 blocked = blocked | self.model_arms
             plans.append(plan)
         chains = all(plan.draft.parents is None for plan in plans)
-        measure = forced is None and self.cut_width and chains  # per-query lanes: the padded width is theirs
+        # per-query lanes: the padded width is theirs (once a draft token's cost is measured)
+        measure = forced is None and self.cut_width and chains and self.costs.draft_cost_known
         if measure:
             plans = self._cut_to_width(plans)
         inputs = [lane.engine.target_input(lane.query, plan.draft) for lane, plan in zip(lanes, plans)]
@@ -365,6 +368,9 @@ class BatchEngine:
         no lane drafts. ``cap_acceptance`` 0 turns the cap off."""
         if self.cap_acceptance <= 0:
             return sys.maxsize
+        probe = self.costs.probe_length(requests)  # what a draft token costs is not measured yet
+        if probe is not None:
+            return probe
         return length_cap(self.costs.coef, requests, self.longest_draft, self.cap_acceptance)
 
     def _unaffordable(self, requests: int, cap: int) -> frozenset[int]:

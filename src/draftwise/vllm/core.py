@@ -272,6 +272,9 @@ class ProposerCore:
         """The load-aware length cap (:func:`~draftwise.step_costs.length_cap`; 0 = do not draft)."""
         if self.options.cap_acceptance <= 0:
             return self.draft_len
+        probe = self.costs.probe_length(requests)  # what a draft token costs is not measured yet
+        if probe is not None:
+            return min(probe, self.draft_len)
         return length_cap(self.costs.coef, requests, self.draft_len, self.options.cap_acceptance)
 
     def _draft(self, state: RequestState, bucket: int, cap: int) -> list[int]:
