@@ -9,7 +9,9 @@
   as before session 14, instead of being sized at the join);
 - ``METHOD~nocap``: ``cap_acceptance`` (no load cap on per-query drafts);
 - ``METHOD~nocredit``: ``credit_plain`` (lanes not told what ``none`` would have earned);
-- ``METHOD~nomodels``: no lane ever plays a model-drafter arm (lookups only).
+- ``METHOD~nomodels``: no lane ever plays a model-drafter arm (lookups only);
+- ``METHOD~trustprior``: the load cap and width cut trust the step-cost model's prior from the first
+  step, as before session 15, instead of probing until a draft token's cost is measured.
 
 A new switch is one more entry in ``SWITCHES``.
 
@@ -25,20 +27,34 @@ from typing import Any
 from draftwise.bench import batched
 from draftwise.cli import main
 from draftwise.engine import batch
+from draftwise.step_costs import StepCostModel, StepShape
 
 SWITCHES = {"~nocut": "cut_width", "~rowprefill": "share_prefill", "~noscout": "scout_models",
             "~grow": "reserve_at_join", "~nocap": "cap_acceptance", "~nocredit": "credit_plain",
-            "~nomodels": "models"}
+            "~nomodels": "models", "~trustprior": "probe"}
 _off: set[str] = set()  # the switches the running method turns off
 _init = batch.BatchEngine.__init__
 _build = batched.build_runner
 _unaffordable = batch.BatchEngine._unaffordable
 
 
+class _TrustPrior(StepCostModel):
+    def observe(self, shape: StepShape) -> bool:
+        taken = super().observe(shape)
+        self.draft_cost_known = True
+        return taken
+
+    def probe_length(self, requests: int) -> int | None:
+        return None
+
+
 def _engine_init(self: Any, *args: Any, **kwargs: Any) -> None:
     _init(self, *args, **kwargs)
-    for attribute in _off - {"models"}:
+    for attribute in _off - {"models", "probe"}:
         setattr(self, attribute, False)
+    if "probe" in _off:
+        self.costs = _TrustPrior()
+        self.costs.draft_cost_known = True
 
 
 def _engine_unaffordable(self: Any, requests: int, cap: int) -> frozenset[int]:

@@ -51,6 +51,7 @@ IDLE_MIN_S = 0.05
 # the cap probes (StepCostModel.probe_length). The information forgets like the fit, so a cap that
 # stays at 0 probes again once it has faded.
 DRAFT_COST_KNOWN = 2.0
+COST_FLOOR = np.array([0.0, 1e-6, 1e-6, 0.0])
 PROBE_TOKENS = 64  # draft tokens of a step that measures their cost: one such step at batch 32 makes it known
 
 
@@ -108,11 +109,11 @@ class StepCostModel:
         self.gram = self.forget * self.gram + np.outer(x, x)
         self.moment = self.forget * self.moment + x * shape.seconds
         self.steps += 1
-        precision = self.gram + self.prior_prec
-        coef = np.linalg.solve(precision, self.moment + self.prior_prec @ self.prior_mean)
+        covariance = np.linalg.inv(self.gram + self.prior_prec)  # 4 × 4, the prior keeps it well conditioned
         # posterior variance of c ÷ the prior's: how much tighter the steps pin down a draft token's cost
-        self.draft_cost_known = bool(np.linalg.inv(precision)[2, 2] * self.prior_prec[2, 2] <= 1 / DRAFT_COST_KNOWN)
-        self.coef = np.maximum(coef, [0.0, 1e-6, 1e-6, 0.0])  # costs are never negative
+        self.draft_cost_known = bool(covariance[2, 2] * self.prior_prec[2, 2] <= 1 / DRAFT_COST_KNOWN)
+        coef = covariance @ (self.moment + self.prior_prec @ self.prior_mean)
+        self.coef = np.maximum(coef, COST_FLOOR)  # costs are never negative
         return True
 
 
@@ -130,8 +131,10 @@ def measured_shares(coef: np.ndarray, shape: StepShape, drafted: Sequence[int]) 
     >>> [round(s, 6) for s in shares]  # predicted 0.002 and 0.006 of 0.008; measured 1.5× that
     [0.003, 0.009]
     """
+    a, b, c = (float(v) for v in coef[:3])
+    plain = a / max(shape.requests, 1) + b
     scale = shape.seconds / float(coef @ shape.features())
-    return [scale * request_share(coef, shape.requests, d) for d in drafted]
+    return [scale * (plain + c * d) for d in drafted]  # request_share, per row (batches of 32: keep it lean)
 
 
 @dataclass(frozen=True)
