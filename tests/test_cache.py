@@ -4,12 +4,13 @@ cache equal those of a fresh prefill of the same tokens."""
 from __future__ import annotations
 
 import random
+import warnings
 
 import numpy as np
 import torch
 
 from draftwise import Generator
-from draftwise.cached_lm import CachedLM, common_prefix_len
+from draftwise.cached_lm import CachedLM, cache_keyword, common_prefix_len
 from draftwise.drafters import LMDrafter, build_drafters
 from draftwise.loading import LoadOptions, load_causal_lm
 from draftwise.policies.simple import RandomPolicy
@@ -111,3 +112,22 @@ def test_common_prefix_len() -> None:
         b = a[: rng.randint(0, len(a))] + [rng.randrange(3) for _ in range(rng.randint(0, 5))]
         expected = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         assert common_prefix_len(a, b) == expected
+
+
+def test_the_cache_goes_by_the_name_the_model_takes(tiny_models) -> None:
+    """transformers renamed ``past_key_values`` to ``cache`` (the old name warns, then goes in 5.40):
+    each model gets the name its forward takes, so neither single nor batched decoding warns."""
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor, past_key_values: object = None) -> None: ...
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor, cache: object = None, **kwargs: object) -> None: ...
+
+    assert cache_keyword(Old()) == "past_key_values" and cache_keyword(New()) == "cache"
+    model, tokenizer = load_causal_lm(str(tiny_models["llama-target"]), LoadOptions())
+    gen = Generator(model, tokenizer, build_drafters(["pld"], model, tokenizer, LoadOptions()), policy="fixed")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*")
+        gen.generate([1, 2, 3, 1, 2, 3], max_new_tokens=6, ignore_eos=True)
+        gen.generate_batch([[1, 2, 3], [4, 5, 6, 4, 5]], max_new_tokens=6, ignore_eos=True)

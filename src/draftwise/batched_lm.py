@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from draftwise.cached_lm import HiddenStatesMixin, PendingTree, RowBuffer, common_prefix_len
+from draftwise.cached_lm import HiddenStatesMixin, PendingTree, RowBuffer, cache_keyword, common_prefix_len
 from draftwise.tree import check_tree, tree_attention_mask, tree_positions
 
 
@@ -144,6 +144,7 @@ class BatchedLM:
         self.capacity = 0
         self.calls = 0
         self.reserve_s = 0.0  # seconds spent growing the buffers (inside run): not a forward's cost
+        self.cache_keyword = cache_keyword(model)
         self.plan: ForwardPlan | None = None
         self.cache = self._new_cache()
 
@@ -242,8 +243,8 @@ class BatchedLM:
         try:
             out = self.model(
                 input_ids=ids.to(self.device), position_ids=positions.to(self.device),
-                attention_mask=mask.to(self.device), past_key_values=self.cache, use_cache=True,
-                logits_to_keep=keep, **({"output_hidden_states": True} if keep_hidden else {}),
+                attention_mask=mask.to(self.device), use_cache=True, logits_to_keep=keep,
+                **{self.cache_keyword: self.cache}, **({"output_hidden_states": True} if keep_hidden else {}),
             )
         except BaseException:
             for item in inputs:

@@ -13,6 +13,7 @@ bank) implement it.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -68,6 +69,17 @@ class TokenCache(Protocol):
     def tree_extend(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         """Add nodes to the pending draft tree; their logits."""
         ...
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword that hands a model its KV cache: ``cache`` where its forward takes it (transformers
+    renamed ``past_key_values``, which now warns and goes in 5.40), else ``past_key_values`` (older
+    releases, remote code)."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward inspect cannot read: the long-standing name
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -251,6 +263,7 @@ class CachedLM(HiddenStatesMixin):
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.calls = 0
         self.keep_hidden = False
+        self.cache_keyword = cache_keyword(model)
         self.reset()
 
     def reset(self) -> None:
@@ -289,8 +302,8 @@ class CachedLM(HiddenStatesMixin):
 
     def _forward(self, fresh: list[int], n_out: int) -> torch.Tensor:
         ids = torch.tensor([fresh], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=n_out,
-                         **self._hidden_request())
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=n_out,
+                         **{self.cache_keyword: self.cache}, **self._hidden_request())
         self.calls += 1
         self._record_hidden(out)
         return out.logits[0, -n_out:].float()
@@ -308,7 +321,7 @@ class CachedLM(HiddenStatesMixin):
             input_ids=torch.tensor([ids], dtype=torch.long, device=self.device),
             position_ids=torch.tensor([positions], dtype=torch.long, device=self.device),
             attention_mask=additive_mask(allowed, dtype, self.device),
-            past_key_values=self.cache, use_cache=True, logits_to_keep=n_out, **self._hidden_request(),
+            use_cache=True, logits_to_keep=n_out, **{self.cache_keyword: self.cache}, **self._hidden_request(),
         )
         self.calls += 1
         self._record_hidden(out)
