@@ -174,6 +174,16 @@ def test_draft_token_cost_is_known_only_once_steps_with_drafts_pin_it_down():
     assert not model.draft_cost_known
 
 
+def test_the_cap_probes_while_a_draft_token_cost_is_unknown():
+    model = StepCostModel()
+    caps = []
+    while not model.draft_cost_known and len(caps) < 40:  # a probe (⌈64 / 32⌉ = 2 tokens a request), a plain step
+        caps.append(model.cap(32, 8, 0.9))
+        model.observe(StepShape(32, 32 * caps[-1], 0.004 + 4e-4 * 32 * caps[-1]))  # a dear draft token
+    assert model.draft_cost_known and caps == [2, 0] * (len(caps) // 2) + [2] * (len(caps) % 2)
+    assert model.cap(32, 8, 0.9) == 0 == length_cap(model.coef, 32, 8, 0.9)  # measured: nothing pays
+
+
 def test_attributed_reward_is_load_aware():
     coef = np.array([0.008, 0.0005, 0.001, 0.0])
     alone = attribute(coef, StepShape(1, 4, 0.012), 4, 0.0, "plain-step")

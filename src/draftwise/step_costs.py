@@ -48,8 +48,8 @@ IDLE_MIN_S = 0.05
 # (the ridge then keeps the prior), the cap held the default to no drafts at batch 32 on an H200
 # (0.64–0.78× plain decoding) and nothing ever corrected it. c counts as known once the measured
 # steps pin it down this many times tighter (posterior variance) than the prior alone; until then
-# the cap probes (StepCostModel.probe_length). The information forgets like the fit, so a cap that
-# stays at 0 probes again once it has faded.
+# the cap probes (StepCostModel.cap). The information forgets like the fit, so a cap that stays
+# at 0 probes again once it has faded.
 DRAFT_COST_KNOWN = 2.0
 COST_FLOOR = np.array([0.0, 1e-6, 1e-6, 0.0])
 PROBE_TOKENS = 64  # draft tokens of a step that measures their cost: one such step at batch 32 makes it known
@@ -85,14 +85,16 @@ class StepCostModel:
         self.coef = self.prior_mean.copy()
         self.draft_cost_known = False  # see DRAFT_COST_KNOWN
 
-    def probe_length(self, requests: int) -> int | None:
-        """While a draft token's cost is unknown, every other step drafts at most this many tokens a
-        request (≈ PROBE_TOKENS in all: enough to measure, cheap where drafts are dear); None = no
-        probe this step. The capped steps between give the contrast that tells a draft token's cost
-        apart from a row's, which steps that all draft alike (``D = R × width``) never would."""
-        if self.draft_cost_known or self.steps % 2:
-            return None
-        return max(1, math.ceil(PROBE_TOKENS / max(requests, 1)))
+    def cap(self, requests: int, max_len: int, acceptance: float, token_s: float = 0.0) -> int:
+        """:func:`length_cap` on the fitted costs — once they rest on measured drafts. A step without
+        drafts says nothing of ``c``, so a cap resting on the prior's ``c`` would never be undone.
+        While ``c`` is unknown, steps alternate: a probe — at most ⌈PROBE_TOKENS / R⌉ tokens a
+        request, enough to measure and cheap where drafts are dear — then a step without drafts, the
+        contrast that tells a draft token's cost from a row's (steps that all draft alike, ``D = R ×
+        width``, never would)."""
+        if not self.draft_cost_known:
+            return 0 if self.steps % 2 else min(max_len, math.ceil(PROBE_TOKENS / max(requests, 1)))
+        return length_cap(self.coef, requests, max_len, acceptance, token_s)
 
     def predict(self, shape: StepShape) -> float:
         return float(self.coef @ shape.features())

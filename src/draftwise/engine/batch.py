@@ -368,10 +368,7 @@ class BatchEngine:
         no lane drafts. ``cap_acceptance`` 0 turns the cap off."""
         if self.cap_acceptance <= 0:
             return sys.maxsize
-        probe = self.costs.probe_length(requests)  # what a draft token costs is not measured yet
-        if probe is not None:
-            return probe
-        return length_cap(self.costs.coef, requests, self.longest_draft, self.cap_acceptance)
+        return self.costs.cap(requests, self.longest_draft, self.cap_acceptance)  # probes c now and then
 
     def _unaffordable(self, requests: int, cap: int) -> frozenset[int]:
         """Arms no lane may play this round: every drafting arm where no length pays at all

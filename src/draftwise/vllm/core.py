@@ -31,7 +31,7 @@ from draftwise.errors import DraftwiseError
 from draftwise.policies import make_policy
 from draftwise.policies.base import replay
 from draftwise.policies.contextual import contextual_spec
-from draftwise.step_costs import StepCostModel, StepShape, attribute, batch_times, cut_round, length_cap, load_bucket
+from draftwise.step_costs import StepCostModel, StepShape, attribute, batch_times, cut_round, load_bucket
 from draftwise.trace import RoundRecord
 from draftwise.vllm.batch_view import BatchView
 from draftwise.vllm.options import ProposerOptions
@@ -272,10 +272,7 @@ class ProposerCore:
         """The load-aware length cap (:func:`~draftwise.step_costs.length_cap`; 0 = do not draft)."""
         if self.options.cap_acceptance <= 0:
             return self.draft_len
-        probe = self.costs.probe_length(requests)  # what a draft token costs is not measured yet
-        if probe is not None:
-            return min(probe, self.draft_len)
-        return length_cap(self.costs.coef, requests, self.draft_len, self.options.cap_acceptance)
+        return self.costs.cap(requests, self.draft_len, self.options.cap_acceptance)  # probes c now and then
 
     def _draft(self, state: RequestState, bucket: int, cap: int) -> list[int]:
         start = self.clock()
