@@ -27,7 +27,7 @@ from typing import Any
 from draftwise.bench import batched
 from draftwise.cli import main
 from draftwise.engine import batch
-from draftwise.step_costs import StepCostModel, StepShape
+from draftwise.step_costs import StepCostModel, StepShape, length_cap
 
 SWITCHES = {"~nocut": "cut_width", "~rowprefill": "share_prefill", "~noscout": "scout_models",
             "~grow": "reserve_at_join", "~nocap": "cap_acceptance", "~nocredit": "credit_plain",
@@ -44,8 +44,8 @@ class _TrustPrior(StepCostModel):
         self.draft_cost_known = True
         return taken
 
-    def probe_length(self, requests: int) -> int | None:
-        return None
+    def cap(self, requests: int, max_len: int, acceptance: float, token_s: float = 0.0) -> int:
+        return length_cap(self.coef, requests, max_len, acceptance, token_s)
 
 
 def _engine_init(self: Any, *args: Any, **kwargs: Any) -> None:
