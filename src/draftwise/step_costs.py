@@ -52,6 +52,7 @@ IDLE_MIN_S = 0.05
 # at 0 probes again once it has faded.
 DRAFT_COST_KNOWN = 2.0
 COST_FLOOR = np.array([0.0, 1e-6, 1e-6, 0.0])
+REFIT_ALWAYS, REFIT_EVERY = 8, 8  # the fit is solved every step for the first 8, then every 8th
 PROBE_TOKENS = 64  # draft tokens of a step that measures their cost: one such step at batch 32 makes it known
 
 
@@ -68,6 +69,12 @@ class StepShape:
     def features(self) -> np.ndarray:
         return np.array([1.0, self.requests, self.draft_tokens, self.prompt_tokens])
 
+    def cost(self, coef: Sequence[float]) -> float:
+        """``coef · features`` in plain floats: right after a forward every numpy call costs ≈ 10×
+        its warm time (caches flushed), and a round makes several."""
+        a, b, c, p = (float(v) for v in coef)
+        return a + b * self.requests + c * self.draft_tokens + p * self.prompt_tokens
+
 
 class StepCostModel:
     """Ridge regression of step time on (1, R, D, P) with forgetting and a fixed prior."""
@@ -81,8 +88,10 @@ class StepCostModel:
         self.forget = forget
         self.gram = np.zeros((4, 4))
         self.moment = np.zeros(4)
+        self.pending: list[tuple[int, int, int, float]] = []  # steps observed since the last solve
         self.steps = 0
         self.coef = self.prior_mean.copy()
+        self.coef_floats = tuple(float(v) for v in self.coef)
         self.draft_cost_known = False  # see DRAFT_COST_KNOWN
 
     def cap(self, requests: int, max_len: int, acceptance: float, token_s: float = 0.0) -> int:
@@ -97,26 +106,42 @@ class StepCostModel:
         return length_cap(self.coef, requests, max_len, acceptance, token_s)
 
     def predict(self, shape: StepShape) -> float:
-        return float(self.coef @ shape.features())
+        return shape.cost(self.coef_floats)
 
     def is_idle(self, shape: StepShape) -> bool:
         """A step far slower than predicted included waiting (an idle server), not work."""
         return shape.seconds > max(IDLE_MIN_S, IDLE_FACTOR * self.predict(shape))
 
     def observe(self, shape: StepShape) -> bool:
-        """Add one measured step; False (and no update) for an idle or empty one."""
+        """Add one measured step; False (and no update) for an idle or empty one. The fit is solved
+        every step at first and at each drafted step while ``c`` is unknown, else every REFIT_EVERY
+        steps: it moves little per step, and right after a forward every numpy call costs ≈ 10× its
+        warm time (caches flushed) — observing was a quarter of a 32-row round's bookkeeping."""
         if shape.requests <= 0 or shape.seconds <= 0 or self.is_idle(shape):
             return False
-        x = shape.features()
-        self.gram = self.forget * self.gram + np.outer(x, x)
-        self.moment = self.forget * self.moment + x * shape.seconds
+        self.pending.append((shape.requests, shape.draft_tokens, shape.prompt_tokens, shape.seconds))
         self.steps += 1
+        if (self.steps <= REFIT_ALWAYS or self.steps % REFIT_EVERY == 0
+                or (not self.draft_cost_known and shape.draft_tokens > 0)):
+            self._refit()
+        return True
+
+    def _refit(self) -> None:
+        """Fold the pending steps into the forgetting sums (in order), then solve."""
+        if self.pending:
+            steps = np.array(self.pending, dtype=float)
+            x = np.column_stack([np.ones(len(steps)), steps[:, :3]])
+            weights = self.forget ** np.arange(len(steps) - 1, -1, -1.0)  # the newest step weighs 1
+            decay = self.forget ** len(steps)
+            self.gram = decay * self.gram + (x * weights[:, None]).T @ x
+            self.moment = decay * self.moment + (x * weights[:, None]).T @ steps[:, 3]
+            self.pending.clear()
         covariance = np.linalg.inv(self.gram + self.prior_prec)  # 4 × 4, the prior keeps it well conditioned
         # posterior variance of c ÷ the prior's: how much tighter the steps pin down a draft token's cost
         self.draft_cost_known = bool(covariance[2, 2] * self.prior_prec[2, 2] <= 1 / DRAFT_COST_KNOWN)
         coef = covariance @ (self.moment + self.prior_prec @ self.prior_mean)
         self.coef = np.maximum(coef, COST_FLOOR)  # costs are never negative
-        return True
+        self.coef_floats = tuple(float(v) for v in self.coef)
 
 
 def request_share(coef: np.ndarray, requests: int, drafted: int) -> float:
@@ -135,7 +160,7 @@ def measured_shares(coef: np.ndarray, shape: StepShape, drafted: Sequence[int]) 
     """
     a, b, c = (float(v) for v in coef[:3])
     plain = a / max(shape.requests, 1) + b
-    scale = shape.seconds / float(coef @ shape.features())
+    scale = shape.seconds / shape.cost(coef)
     return [scale * (plain + c * d) for d in drafted]  # request_share, per row (batches of 32: keep it lean)
 
 
