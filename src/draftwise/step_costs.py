@@ -69,7 +69,7 @@ class StepShape:
     def features(self) -> np.ndarray:
         return np.array([1.0, self.requests, self.draft_tokens, self.prompt_tokens])
 
-    def cost(self, coef: Sequence[float]) -> float:
+    def cost(self, coef: Sequence[float] | np.ndarray) -> float:
         """``coef · features`` in plain floats: right after a forward every numpy call costs ≈ 10×
         its warm time (caches flushed), and a round makes several."""
         a, b, c, p = (float(v) for v in coef)
