@@ -255,6 +255,8 @@ class BatchedLM:
         self.calls += 1
         results = {}
         choices = out.logits.max(-1).indices.tolist() if argmax else None  # argmax's first maximal index
+        if choices is None:
+            wait_for(self.device)  # the caller times this forward: on a GPU, kernels run after the call returns
         for b, item in enumerate(inputs):
             n = len(item.ids)
             item.row.length = cached[b] + n
@@ -264,6 +266,16 @@ class BatchedLM:
             results[id(item)] = out.logits[b, first : first + item.n_out].float()
             item.row.choices = None if choices is None else choices[b][first : first + item.n_out]
         return [results[id(item)] for item in given]  # in the order given
+
+
+def wait_for(device: torch.device) -> None:
+    """Block until ``device`` has run the work queued on it (CUDA, MPS, XPU: asynchronous; the CPU
+    is not), so a timed forward is timed whole."""
+    if device.type == "cpu":
+        return
+    sync = getattr(getattr(torch, device.type, None), "synchronize", None)
+    if callable(sync):
+        sync()
 
 
 class RowLM(HiddenStatesMixin):
