@@ -384,6 +384,7 @@ def test_the_load_cap_waits_until_a_draft_token_cost_is_measured(tiny_models) ->
     session.run()
     drafted = [r.index for h in handles for r in h.result.trace if r.drafted > 0]
     assert drafted and min(drafted) == 0  # the first round drafted, where the prior's cost said no length pays
+    assert gen.batch_session(2).engine.costs is session.engine.costs  # measured once per generator
 
 
 def test_model_drafter_arms_are_blocked_where_their_tokens_cannot_pay(tiny_models) -> None:

@@ -21,6 +21,7 @@ from draftwise.errors import DraftwiseError
 from draftwise.loading import LoadOptions, context_limit, load_causal_lm
 from draftwise.policies import POLICIES, PRESETS, make_policy
 from draftwise.policies.contextual import contextual_spec
+from draftwise.step_costs import StepCostModel
 from draftwise.trace import GenerationResult, summarize
 from draftwise.verify import Sampling
 
@@ -77,6 +78,8 @@ class Generator:
         self.policy = make_policy(contextual_spec(policy, lookups_among(self.arms, self.drafters)),
                                   [a.name for a in self.arms], np.random.default_rng(seed))
         self.engine = Engine(self.target, self.drafters, self.arms, self.policy)
+        # What a batched step costs on this target and device: learned once, shared by every batch session
+        self.step_costs = StepCostModel()
         self.max_context = context_limit(target)
         self.eos_ids = _eos_ids(target, tokenizer)
 

@@ -122,7 +122,7 @@ class BatchEngine:
     def __init__(self, model: Any, drafters: Sequence[Any], arms: Sequence[Arm], policy: Policy, *,
                  decide: str = "query", fast_drafters: bool = True, head_dtype: str | None = None,
                  prompt_fit: PromptFit = PromptFit(), credit_plain: bool = True,
-                 cap_acceptance: float = 0.9, cut_width: bool = True) -> None:
+                 cap_acceptance: float = 0.9, cut_width: bool = True, costs: StepCostModel | None = None) -> None:
         if decide not in DECISIONS:
             raise ValueError(f"decide must be one of {', '.join(DECISIONS)}, got {decide!r}")
         self.target = BatchedLM(model)
@@ -157,7 +157,7 @@ class BatchEngine:
         self.fast_drafters = fast_drafters
         self.head_dtype = head_dtype
         self.prompt_fit = prompt_fit
-        self.costs = StepCostModel()
+        self.costs = costs if costs is not None else StepCostModel()  # a Generator's sessions share theirs
         self.lanes: list[Lane] = []
         self.timing = BatchTiming()
         self.batch_records: list[RoundRecord] = []  # decide="batch": the batch learner's rounds
