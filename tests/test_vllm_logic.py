@@ -175,6 +175,7 @@ def test_draft_token_cost_is_known_only_once_steps_with_drafts_pin_it_down():
 
 
 def test_the_cap_probes_while_a_draft_token_cost_is_unknown():
+    assert StepCostModel().cap(1, 8, 0.9) == 8  # alone, drafting pays even at the prior's cost: no probing
     model = StepCostModel()
     caps = []
     while not model.draft_cost_known and len(caps) < 40:  # a probe (⌈64 / 32⌉ = 2 tokens a request), a plain step

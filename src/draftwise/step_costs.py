@@ -97,13 +97,14 @@ class StepCostModel:
     def cap(self, requests: int, max_len: int, acceptance: float, token_s: float = 0.0) -> int:
         """:func:`length_cap` on the fitted costs — once they rest on measured drafts. A step without
         drafts says nothing of ``c``, so a cap resting on the prior's ``c`` would never be undone.
-        While ``c`` is unknown, steps alternate: a probe — at most ⌈PROBE_TOKENS / R⌉ tokens a
-        request, enough to measure and cheap where drafts are dear — then a step without drafts, the
-        contrast that tells a draft token's cost from a row's (steps that all draft alike, ``D = R ×
-        width``, never would)."""
-        if not self.draft_cost_known:
-            return 0 if self.steps % 2 else min(max_len, math.ceil(PROBE_TOKENS / max(requests, 1)))
-        return length_cap(self.coef, requests, max_len, acceptance, token_s)
+        While ``c`` is unknown and the cap would cut drafts (at batch 1 it does not), steps alternate:
+        a probe — at most ⌈PROBE_TOKENS / R⌉ tokens a request, enough to measure and cheap where
+        drafts are dear — then a step without drafts, the contrast that tells a draft token's cost
+        from a row's (steps that all draft alike, ``D = R × width``, never would)."""
+        cap = length_cap(self.coef, requests, max_len, acceptance, token_s)
+        if self.draft_cost_known or cap >= max_len:  # known, or drafting pays even at the guessed cost
+            return cap
+        return 0 if self.steps % 2 else min(max_len, math.ceil(PROBE_TOKENS / max(requests, 1)))
 
     def predict(self, shape: StepShape) -> float:
         return shape.cost(self.coef_floats)
