@@ -100,7 +100,7 @@ def engine_runner(generator: Any, decide: str = "query", adapt: bool = True) -> 
             "batched_rounds": timing.rounds, "query_rounds": rounds, "mat": new / rounds if rounds else 0.0,
             "drafted": sum(r.stats.drafted for r in results), "accepted": sum(r.stats.accepted for r in results),
             "forward_s": timing.forward_s, "draft_s": timing.draft_s, "rounds_s": timing.rounds_s,
-            "bookkeeping_s": timing.bookkeeping_s, "width_cuts": timing.width_cuts,
+            "bookkeeping_s": timing.bookkeeping_s, "policy_s": timing.policy_s, "width_cuts": timing.width_cuts,
             "capped_rounds": timing.capped_rounds,
             "kv_bytes": session.engine.target.kv_bytes(),
             "pulls": pulls,
@@ -262,12 +262,14 @@ def summarize_batched(rows: Sequence[dict]) -> dict[str, Any]:
             mine = [r for r in at if r["method"] == method]
             tps = [r["tokens_per_s"] for r in mine]
             book = [r["bookkeeping_s"] / r["wall_s"] for r in mine if "bookkeeping_s" in r]
+            learner = [r["policy_s"] / r["wall_s"] for r in mine if "policy_s" in r]  # before session 15: in book
             table[method] = {
                 "tokens_per_s": round(float(np.mean(tps)), 2), "std": round(float(np.std(tps)), 2),
                 "speedup": round(float(np.mean(tps)) / base, 3), "repeats": len(mine),
                 "mat": round(float(np.mean([r.get("mat", 1.0) for r in mine])), 3),
                 "mismatches": sum(r.get("mismatches", 0) for r in mine), "ties": sum(r.get("ties", 0) for r in mine),
                 "bookkeeping_share": round(float(np.mean(book)), 4) if book else None,
+                "policy_share": round(float(np.mean(learner)), 4) if learner else None,
                 "kv_mb": round(max(r.get("kv_bytes", 0) for r in mine) / 2**20, 1),
                 "peak_rss_mb": round(max(r["peak_rss_mb"] for r in mine), 1),
                 "pulls": mine[-1].get("pulls", {}),
@@ -300,15 +302,17 @@ def add_best_length(table: dict[str, dict[str, Any]], rows: Sequence[dict]) -> N
 
 def write_summary(out: Path, summary: dict[str, Any]) -> None:
     (out / f"{SUMMARY}.json").write_text(json.dumps(summary, indent=2))
-    lines = ["| B | method | tokens/s (± std) | × ar | ÷ best length | MAT | mismatches (ties) | bookkeeping | KV MB |",
-             "|---:|---|---:|---:|---|---:|---:|---:|---:|"]
+    lines = ["| B | method | tokens/s (± std) | × ar | ÷ best length | MAT | mismatches (ties) | policy | bookkeeping "
+             "| KV MB |", "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for size, table in summary.items():
         for method, v in table.items():
             book = "" if v["bookkeeping_share"] is None else f"{100 * v['bookkeeping_share']:.2f} %"
+            learner = "" if v.get("policy_share") is None else f"{100 * v['policy_share']:.2f} %"
             best = v.get("vs_best_length")
             vs = "" if best is None else f"{best['ratio']:.3f} ({best['length']})"
             lines.append(f"| {size} | {method} | {v['tokens_per_s']:.1f} ± {v['std']:.1f} | {v['speedup']:.3f} | "
-                         f"{vs} | {v['mat']:.2f} | {v['mismatches']} ({v['ties']}) | {book} | {v['kv_mb']} |")
+                         f"{vs} | {v['mat']:.2f} | {v['mismatches']} ({v['ties']}) | {learner} | {book} | "
+                         f"{v['kv_mb']} |")
     (out / f"{SUMMARY}.md").write_text("\n".join(lines) + "\n")
     try:
         plot_throughput(out / "batch-throughput.png", summary)

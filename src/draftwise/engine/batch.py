@@ -88,19 +88,21 @@ MODEL_COST_KNOWN = 4  # model-arm rounds measured before their cost per token de
 
 @dataclass
 class BatchTiming:
-    """Where a batch's round time went: the target's forwards, the drafters, and the rest
-    (policies, verification maths, bookkeeping)."""
+    """Where a batch's round time went: the target's forwards, the drafters, the learners
+    (selection, updates, full-information evaluation), and the rest (verification maths, inputs,
+    cost model, records: the bookkeeping)."""
 
     rounds: int = 0
     rounds_s: float = 0.0
     forward_s: float = 0.0
     draft_s: float = 0.0
+    policy_s: float = 0.0
     width_cuts: int = 0  # rounds whose drafts were cut to a narrower padded width (per-query decisions)
     capped_rounds: int = 0  # rounds in which the load cap let no lane draft (per-query decisions)
 
     @property
     def bookkeeping_s(self) -> float:
-        return max(0.0, self.rounds_s - self.forward_s - self.draft_s)
+        return max(0.0, self.rounds_s - self.forward_s - self.draft_s - self.policy_s)
 
 
 @dataclass
@@ -342,6 +344,7 @@ class BatchEngine:
         timing.rounds_s += clock() - start
         timing.forward_s += seconds
         timing.draft_s += sum(plan.draft_s for plan in plans)
+        timing.policy_s += sum(r.policy_s + r.eval_s for r in records)
         return [lane for lane in lanes if lane.query.finished]
 
     def _cut_to_width(self, plans: list[Planned]) -> list[Planned]:
