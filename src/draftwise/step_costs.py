@@ -159,10 +159,9 @@ def measured_shares(coef: np.ndarray, shape: StepShape, drafted: Sequence[int]) 
     >>> [round(s, 6) for s in shares]  # predicted 0.002 and 0.006 of 0.008; measured 1.5× that
     [0.003, 0.009]
     """
-    a, b, c = (float(v) for v in coef[:3])
-    plain = a / max(shape.requests, 1) + b
+    plain, c = request_share(coef, shape.requests, 0), float(coef[2])  # once, not per row (batches of 32)
     scale = shape.seconds / shape.cost(coef)
-    return [scale * (plain + c * d) for d in drafted]  # request_share, per row (batches of 32: keep it lean)
+    return [scale * (plain + c * d) for d in drafted]
 
 
 @dataclass(frozen=True)

@@ -371,7 +371,7 @@ class BatchEngine:
         no lane drafts. ``cap_acceptance`` 0 turns the cap off."""
         if self.cap_acceptance <= 0:
             return sys.maxsize
-        return self.costs.cap(requests, self.longest_draft, self.cap_acceptance)  # probes c now and then
+        return self.costs.cap(requests, self.longest_draft, self.cap_acceptance)  # probes while c is unknown
 
     def _unaffordable(self, requests: int, cap: int) -> frozenset[int]:
         """Arms no lane may play this round: every drafting arm where no length pays at all

@@ -272,7 +272,7 @@ class ProposerCore:
         """The load-aware length cap (:func:`~draftwise.step_costs.length_cap`; 0 = do not draft)."""
         if self.options.cap_acceptance <= 0:
             return self.draft_len
-        return self.costs.cap(requests, self.draft_len, self.options.cap_acceptance)  # probes c now and then
+        return self.costs.cap(requests, self.draft_len, self.options.cap_acceptance)  # probes while c is unknown
 
     def _draft(self, state: RequestState, bucket: int, cap: int) -> list[int]:
         start = self.clock()
