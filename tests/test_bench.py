@@ -543,6 +543,31 @@ def test_batch_size_bench_reports_throughput_against_batched_ar(setup, capsys) -
     assert len(read_rows(out / "batch-results.jsonl")) == len(rows)
 
 
+def test_batch_size_bench_samples_with_one_seed_a_query(setup, capsys) -> None:
+    cfg = config(setup, "batched-sampled", "ar,hf-ar,fixed:pld")
+    args = cli_args(cfg) + ["--batch-size", "2", "--temperature", "0.9", "--top-k", "20"]
+    assert main(args) == 0
+    rows = read_rows(Path(cfg.out) / "batch-results.jsonl")
+    env = json.loads((Path(cfg.out) / "batch-env.json").read_text())
+    assert env["config"]["temperature"] == 0.9 and "crc32(prompt_id)" in env["seeds"]["per_generation"]
+    by_method = {r["method"]: r for r in rows}
+    # sampled, not greedy: the greedy reference (a plain greedy pass) differs from the sampled ar pass
+    greedy = config(setup, "batched-greedy", "ar")
+    assert main(cli_args(greedy) + ["--batch-size", "2"]) == 0
+    greedy_ar = read_rows(Path(greedy.out) / "batch-results.jsonl")[0]
+    assert greedy_ar["outputs"] != by_method["ar"]["outputs"]
+    # coupled sampling: a drafter's outputs are ar's draws (the row says how many differ, here none)
+    assert by_method["fixed:pld"]["differs"] == 0 and by_method["fixed:pld"]["outputs"] == by_method["ar"]["outputs"]
+    assert "mismatches" not in by_method["fixed:pld"]
+    assert "sampled: 0 differ" in (Path(cfg.out) / "batch-summary.md").read_text()
+    # seeded by prompt id and repeat: a fresh run into another folder draws the same texts
+    again = replace(cfg, out=cfg.out + "-again")
+    assert main(cli_args(again) + ["--batch-size", "2", "--temperature", "0.9", "--top-k", "20"]) == 0
+    rerun = {r["method"]: r for r in read_rows(Path(again.out) / "batch-results.jsonl")}
+    for method in ("ar", "hf-ar", "fixed:pld"):
+        assert rerun[method]["outputs"] == by_method[method]["outputs"], method
+
+
 def test_batch_size_bench_refuses_bad_sizes_and_methods(setup, capsys) -> None:
     cfg = config(setup, "batched-bad", "ar,length:0")
     assert main(cli_args(cfg) + ["--batch-size", "0,2"]) == 2

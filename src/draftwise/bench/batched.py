@@ -16,6 +16,11 @@ for the whole batch, UCBSpec with the round's throughput as reward); any other p
 (each query its own learner).
 Greedy outputs are compared with ``ar``'s; a difference where the target's two best logits tie
 within 1e-4 is counted apart (batching changes float rounding), any other is a mismatch.
+Sampled runs (``--temperature`` > 0) give every query its own seed (the single-query bench's
+``row_seed``: run seed, prompt id, repeat), so a method's outputs are reproducible; they are
+compared with ``ar``'s only for information (``differs``): under coupled sampling a method draws
+the same noise as ``ar``, so its outputs equal ``ar``'s unless batching's rounding moves a draw.
+Whether sampling keeps the target's distribution is a test's matter (tests/test_lossless_sampling.py).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import logging
 import resource
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +55,25 @@ class BatchRun:
     stats: dict[str, Any]
 
 
-Runner = Callable[[Sequence[list[int]], int, int], BatchRun]  # (prompts, batch size, max_new_tokens)
+@dataclass(frozen=True)
+class BatchDecode:
+    """How one pass decodes: its length, and for sampled passes the settings and one seed a query."""
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seeds: Sequence[int] = ()
+
+    def query(self, index: int) -> dict[str, Any]:
+        """Keyword arguments of :meth:`BatchSession.add` for the query at ``index``."""
+        if self.temperature == 0:
+            return {"max_new_tokens": self.max_new_tokens}
+        return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_k": self.top_k,
+                "top_p": self.top_p, "seed": self.seeds[index]}
+
+
+Runner = Callable[[Sequence[list[int]], int, BatchDecode], BatchRun]  # (prompts, batch size, decoding)
 
 
 def interleave_domains(prompts: Sequence[Any]) -> list[int]:
@@ -76,14 +99,14 @@ def engine_runner(generator: Any, decide: str = "query", adapt: bool = True) -> 
     """``adapt=False``: the engine's own load-aware adjustments of per-query drafts (the length cap
     and the padded-width cut) are off, so every round drafts what the policy chose — a *fixed*
     length really is one (BanditSpec's baseline)."""
-    def run(prompts: Sequence[list[int]], batch: int, max_new: int) -> BatchRun:
+    def run(prompts: Sequence[list[int]], batch: int, decode: BatchDecode) -> BatchRun:
         forget_stored_answers(generator.drafters)  # every run starts cold: no answers from earlier runs
         start = time.perf_counter()
         session = generator.batch_session(batch, decide)
         if not adapt:
             session.engine.cut_width = False
             session.engine.cap_acceptance = 0.0
-        handles = [session.add(p, max_new_tokens=max_new) for p in prompts]
+        handles = [session.add(p, **decode.query(i)) for i, p in enumerate(prompts)]
         session.run()
         wall = time.perf_counter() - start
         results = [h.result for h in handles]
@@ -111,10 +134,11 @@ def engine_runner(generator: Any, decide: str = "query", adapt: bool = True) -> 
 
 
 def hf_runner(model: Any, pad_id: int) -> Runner:
-    """transformers' batched greedy ``generate`` on left-padded batches of B prompts."""
+    """transformers' batched ``generate`` on left-padded batches of B prompts (sampled: torch's global
+    generator seeded with the batch's first query's seed, as transformers samples from it)."""
     eos = eos_ids(model)
 
-    def run(prompts: Sequence[list[int]], batch: int, max_new: int) -> BatchRun:
+    def run(prompts: Sequence[list[int]], batch: int, decode: BatchDecode) -> BatchRun:
         out_ids: list[list[int]] = []
         start = time.perf_counter()
         for lo in range(0, len(prompts), batch):
@@ -125,9 +149,13 @@ def hf_runner(model: Any, pad_id: int) -> Runner:
             for row, p in enumerate(group):
                 ids[row, width - len(p) :] = torch.tensor(p)
                 mask[row, width - len(p) :] = 1
+            kwargs: dict[str, Any] = {"do_sample": decode.temperature > 0}
+            if decode.temperature > 0:
+                kwargs.update(temperature=decode.temperature, top_k=decode.top_k or 0, top_p=decode.top_p or 1.0)
+                torch.manual_seed(decode.seeds[lo])
             with torch.inference_mode():
                 out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device),
-                                     max_new_tokens=max_new, do_sample=False, pad_token_id=pad_id)
+                                     max_new_tokens=decode.max_new_tokens, pad_token_id=pad_id, **kwargs)
             for row in range(len(group)):
                 new = out[row, width:].tolist()
                 cut = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
@@ -169,7 +197,8 @@ def build_runner(bench: Workbench, spec: str, length_drafter: str) -> Runner:
 def run_batched(config: Any, sizes: Sequence[int], length_drafter: str = "pld") -> dict[str, Any]:
     """Run (or resume) every B × method × repeat into ``config.out``; returns the summary."""
     from draftwise.bench.report import environment
-    from draftwise.bench.runner import encode_prompts, load_workbench, make_out_folder, read_rows, resolve_prompts
+    from draftwise.bench.runner import (SEED_RULE, encode_prompts, load_workbench, make_out_folder, read_rows,
+                                        resolve_prompts, row_seed)
 
     out = Path(config.out)
     prompts = resolve_prompts(config)
@@ -186,7 +215,9 @@ def run_batched(config: Any, sizes: Sequence[int], length_drafter: str = "pld") 
     prompts = [prompts[i] for i in order]
     ids = encode_prompts(bench, prompts, config.max_new_tokens)
     make_out_folder(out)
-    env = environment(config, methods, prompts, None, "batched: one seed for every query", bench.drafter_names)
+    sampled = config.temperature > 0
+    seeding = f"batched: one seed a query, {SEED_RULE}" if sampled else "batched, greedy: no seeds drawn"
+    env = environment(config, methods, prompts, None, seeding, bench.drafter_names)
     env["batch_sizes"] = list(sizes)
     env["length_drafter"] = length_drafter
     (out / "batch-env.json").write_text(json.dumps(env, indent=2, default=str))
@@ -198,15 +229,17 @@ def run_batched(config: Any, sizes: Sequence[int], length_drafter: str = "pld") 
             # repeats outermost: every method runs once before any runs again, so a machine whose
             # speed drifts over minutes (shared CPUs) shifts every method alike, not one
             for repeat in range(config.repeats):
+                seeds = [row_seed(config.seed, p.id, repeat) for p in prompts] if sampled else []
+                decode = BatchDecode(config.max_new_tokens, config.temperature, config.top_k, config.top_p, seeds)
                 for method in methods:
                     key = f"B={size}|{method}|{repeat}"
                     if key in done:
                         continue
                     if method not in warmed and config.warmup_tokens > 0:  # untimed: caches, allocator, lazy imports
-                        warm = min(config.warmup_tokens, config.max_new_tokens)
+                        warm = replace(decode, max_new_tokens=min(config.warmup_tokens, config.max_new_tokens))
                         runners[method](ids[: min(size, len(ids))], size, warm)
                         warmed.add(method)
-                    run = runners[method](ids, size, config.max_new_tokens)
+                    run = runners[method](ids, size, decode)
                     row = {"key": key, "batch_size": size, "method": method, "repeat": repeat,
                            "new_tokens": sum(map(len, run.token_ids)), "wall_s": run.wall_s,
                            "tokens_per_s": sum(map(len, run.token_ids)) / run.wall_s,
@@ -214,6 +247,8 @@ def run_batched(config: Any, sizes: Sequence[int], length_drafter: str = "pld") 
                            "outputs": [hash_ids(t) for t in run.token_ids], **run.stats}
                     if method == "ar":
                         reference[size] = run.token_ids
+                    elif size in reference and sampled:  # information only: see the module's docstring
+                        row["differs"] = sum(a != b for a, b in zip(reference[size], run.token_ids))
                     elif size in reference:
                         row.update(compare(bench.model, ids, reference[size], run.token_ids, config.max_new_tokens))
                     handle.write(json.dumps(row) + "\n")
@@ -268,6 +303,7 @@ def summarize_batched(rows: Sequence[dict]) -> dict[str, Any]:
                 "speedup": round(float(np.mean(tps)) / base, 3), "repeats": len(mine),
                 "mat": round(float(np.mean([r.get("mat", 1.0) for r in mine])), 3),
                 "mismatches": sum(r.get("mismatches", 0) for r in mine), "ties": sum(r.get("ties", 0) for r in mine),
+                "differs": sum(r["differs"] for r in mine) if any("differs" in r for r in mine) else None,
                 "bookkeeping_share": round(float(np.mean(book)), 4) if book else None,
                 "policy_share": round(float(np.mean(learner)), 4) if learner else None,
                 "kv_mb": round(max(r.get("kv_bytes", 0) for r in mine) / 2**20, 1),
@@ -310,8 +346,9 @@ def write_summary(out: Path, summary: dict[str, Any]) -> None:
             learner = "" if v.get("policy_share") is None else f"{100 * v['policy_share']:.2f} %"
             best = v.get("vs_best_length")
             vs = "" if best is None else f"{best['ratio']:.3f} ({best['length']})"
+            checked = f"{v['mismatches']} ({v['ties']})" if v.get("differs") is None else f"sampled: {v['differs']} differ"
             lines.append(f"| {size} | {method} | {v['tokens_per_s']:.1f} ± {v['std']:.1f} | {v['speedup']:.3f} | "
-                         f"{vs} | {v['mat']:.2f} | {v['mismatches']} ({v['ties']}) | {learner} | {book} | "
+                         f"{vs} | {v['mat']:.2f} | {checked} | {learner} | {book} | "
                          f"{v['kv_mb']} |")
     (out / f"{SUMMARY}.md").write_text("\n".join(lines) + "\n")
     try:
