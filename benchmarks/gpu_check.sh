@@ -1,35 +1,52 @@
 #!/usr/bin/env bash
 # One prepared device check (a lent CUDA machine: its own torch/transformers, no installs, no network):
-# the CUDA losslessness tests, then the batched bench on the GPU. Every step has its own time limit
+# the CUDA losslessness tests, then batched benches on the GPU. Every step has its own time limit
 # and copies what it produced to $OUT at once, so a step cut short loses nothing before it.
-# Usage (repo root, on the device): OUT=DIR [ZOO_CORPUS=DIR] [SKIP_TESTS=1] [DEVICE=cuda] \
-#     bash benchmarks/gpu_check.sh [SWEEP_S] [MIXED_S] [HF_S]
+# Usage (repo root, on the device): OUT=DIR [ZOO_CORPUS=DIR] [DEVICE=cuda] [STEPS="tests hf16 ..."] \
+#     bash benchmarks/gpu_check.sh
+# Steps (default: all, in this order; each STEP_S=seconds overrides its limit, e.g. SWEEP_S=200):
+#   tests    tests/test_cuda.py
+#   hf16     B = 16: ar against transformers' batched generate (issue 15's 0.95× bar), and the default
+#   sampled  B = 8, 32 at temperature 0.7: ar, the default, suffix@8, pld
+#   sweep    B = 1, 4, 16, 32: fixed lengths 1–4, banditspec-length, the default, suffix@8 (issue 15)
+#   mixed    mixed-domain B = 8 with the zoo's model drafters
+#   queue32  B = 32 over 56 prompts (a queue: rows refilled), 3 repeats — at 28 prompts a B = 32 pass
+#            takes < 1 s on an H200 and one hiccup doubles it
 # (ZOO_CORPUS: the zoo's dev/test splits, e.g. copied from ~/.cache/draftwise/zoo-corpus/*/ into an
 # ignored folder that the device call carries; DEVICE=cpu tries the script's mechanics here.)
-# Session 15 ran the first two steps on an H200 in ≈ 2 minutes (NOTES, BENCHMARKS).
+# Session 15 ran sweep and mixed on an H200 in ≈ 2 minutes (NOTES, BENCHMARKS).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
-SWEEP_S=${1:-200}; MIXED_S=${2:-150}; HF_S=${3:-120}
+STEPS=${STEPS:-tests hf16 sampled sweep mixed}
 log() { echo "== $(date +%T) $*"; }
-BENCH=(python3 -m draftwise.cli bench --device "${DEVICE:-cuda}" --per-domain 4 --quiet --no-plots ${ZOO_CORPUS:+--zoo-corpus "$ZOO_CORPUS"})
+BENCH=(python3 -m draftwise.cli bench --device "${DEVICE:-cuda}" --quiet --no-plots ${ZOO_CORPUS:+--zoo-corpus "$ZOO_CORPUS"})
+bench() {  # NAME LIMIT_S ARGS...: one bench into /tmp/gpu-NAME, its rows copied to $OUT/NAME.*
+  local name=$1 limit=$2; shift 2
+  log "$name"
+  timeout "$limit" "${BENCH[@]}" --out "/tmp/gpu-$name" "$@"
+  cp "/tmp/gpu-$name/batch-results.jsonl" "$OUT/$name.jsonl"; cp "/tmp/gpu-$name/batch-summary.md" "$OUT/$name.md"
+  [ -f "$OUT/env.json" ] || cp "/tmp/gpu-$name/batch-env.json" "$OUT/env.json"
+}
 {
   log versions
   nvidia-smi -L
   python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name())"
-  [ -n "${SKIP_TESTS:-}" ] || { log "tests/test_cuda.py"
-  timeout 150 python3 -m pytest tests/test_cuda.py -q -x -p no:cacheprovider 2>&1 | tail -5; }
-  log "sweep B = 32, 8, 1"
-  timeout "$SWEEP_S" "${BENCH[@]}" --out /tmp/gpu-sweep --batch-size 32,8,1 --repeats 2 \
-      --methods ar,length:2,length:4,banditspec-length,default,fixed:suffix@8
-  cp /tmp/gpu-sweep/batch-results.jsonl "$OUT/sweep.jsonl"; cp /tmp/gpu-sweep/batch-summary.md "$OUT/sweep.md"
-  log "mixed B = 8 with model drafters"
-  timeout "$MIXED_S" "${BENCH[@]}" --out /tmp/gpu-mixed --batch-size 8 --repeats 2 \
-      --methods ar,default,metasd-ucb,fixed:suffix@8,fixed:pld,fixed:generalist
-  cp /tmp/gpu-mixed/batch-results.jsonl "$OUT/mixed.jsonl"; cp /tmp/gpu-mixed/batch-summary.md "$OUT/mixed.md"
-  log "B = 16 against transformers' batched generate (issue 15's 0.95× bar)"
-  timeout "$HF_S" "${BENCH[@]}" --out /tmp/gpu-hf16 --batch-size 16 --repeats 2 --methods ar,hf-ar,default
-  cp /tmp/gpu-hf16/batch-results.jsonl "$OUT/hf16.jsonl"
-  cp /tmp/gpu-sweep/batch-env.json "$OUT/env.json"
+  for step in $STEPS; do
+    case $step in
+      tests) log "tests/test_cuda.py"
+             timeout "${TESTS_S:-150}" python3 -m pytest tests/test_cuda.py -q -x -p no:cacheprovider 2>&1 | tail -5 ;;
+      hf16) bench hf16 "${HF16_S:-120}" --per-domain 4 --batch-size 16 --repeats 2 --methods ar,hf-ar,default ;;
+      sampled) bench sampled "${SAMPLED_S:-150}" --per-domain 4 --batch-size 8,32 --repeats 2 --temperature 0.7 \
+                   --methods ar,default,fixed:suffix@8,fixed:pld ;;
+      sweep) bench sweep "${SWEEP_S:-240}" --per-domain 4 --batch-size 32,16,4,1 --repeats 2 \
+                 --methods ar,length:1,length:2,length:3,length:4,banditspec-length,default,fixed:suffix@8 ;;
+      mixed) bench mixed "${MIXED_S:-150}" --per-domain 4 --batch-size 8 --repeats 2 \
+                 --methods ar,default,metasd-ucb,fixed:suffix@8,fixed:pld,fixed:generalist ;;
+      queue32) bench queue32 "${QUEUE32_S:-200}" --per-domain 8 --batch-size 32 --repeats 3 \
+                   --methods ar,length:2,length:4,banditspec-length,default,fixed:suffix@8 ;;
+      *) log "unknown step $step (steps: tests hf16 sampled sweep mixed queue32)" ;;
+    esac
+  done
   log done
 } 2>&1 | grep -v "FutureWarning\|return forward_call" | tee "$OUT/log.txt"

@@ -205,9 +205,10 @@ def test_sampled_sequences_of_a_batch_follow_the_target() -> None:
     assert chi_square_p(counts, exact_joint(target, sampling)) > 1e-3
 
 
-def test_mixed_sampling_settings_in_one_batch(tiny_models) -> None:
+@pytest.mark.parametrize("arm", ["fixed:0", "fixed:1"])  # an LM drafter's chains; PLD's (drawn for the batch at once)
+def test_mixed_sampling_settings_in_one_batch(tiny_models, arm: str) -> None:
     """Greedy and sampled queries share rounds; each gets what it would get alone (fixed arm)."""
-    gen = _generator(tiny_models, "llama-target", [str(tiny_models["llama-near"]), "pld"], "fixed:0")
+    gen = _generator(tiny_models, "llama-target", [str(tiny_models["llama-near"]), "pld"], arm)
     rng = random.Random(7)
     prompts = [[rng.randrange(1, 50) for _ in range(6 + i)] for i in range(6)]
     settings = [dict(temperature=0.0), dict(temperature=0.8, seed=3), dict(temperature=1.2, top_k=5, seed=4),
@@ -218,6 +219,9 @@ def test_mixed_sampling_settings_in_one_batch(tiny_models) -> None:
     for prompt, kw, handle in zip(prompts, settings, handles):
         alone = gen.generate(prompt, max_new_tokens=20, ignore_eos=True, **kw)
         assert handle.result is not None and handle.result.token_ids == alone.token_ids, kw
+    sampled = [h.result.stats for h, kw in zip(handles, settings) if kw["temperature"] and h.result is not None]
+    assert sum(stats.drafted for stats in sampled) > 0  # the sampled rows judged real drafts
+    assert all(name.startswith("pld" if arm == "fixed:1" else "llama") for st in sampled for name in st.pulls)
 
 
 # -- errors, cancellation, interrupts -----------------------------------------------------------------------

@@ -17,7 +17,20 @@ import torch
 from test_batch import _generator, _spec
 
 from draftwise import Generator
-from draftwise.coupling import NoiseScreen, PositionNoise, acceptance_given_noise, gumbel_row
+from draftwise.coupling import (
+    DrawJob,
+    NoiseScreen,
+    PositionNoise,
+    acceptance_given_noise,
+    coupled_draws,
+    coupled_scores,
+    gumbel_row,
+    noise_keys,
+    noise_rows,
+    uniforms,
+    uniforms_torch,
+)
+from draftwise.verify import Sampling, acceptance_probs, verify_greedy, warp
 from draftwise.errors import DraftwiseError
 
 POOLS = {
@@ -78,6 +91,47 @@ def test_the_noise_is_fixed_by_seed_and_position() -> None:
     assert noise.rows([3, 4], 10).shape == (2, 10)
     noise.forget_before(4)
     assert sorted(noise._rows) == [4, 100]
+
+
+def test_the_noise_is_the_same_bits_on_every_device_path() -> None:
+    """The CPU draws with numpy, other devices with torch: the same integer hash, the same floats."""
+    keys = [noise_keys(seed, position) for seed in (0, 7, 2**63 + 5) for position in (0, 1, 999)]
+    assert torch.equal(uniforms(keys, 3000), uniforms_torch(keys, 3000, torch.device("cpu")))
+    u = uniforms(keys, 3000)
+    assert float(u.min()) > 0.0 and float(u.max()) < 1.0
+    # neighbouring positions and seeds are uncorrelated
+    flat = u.double() - 0.5
+    corr = torch.corrcoef(flat)
+    assert float((corr - torch.eye(len(keys), dtype=corr.dtype)).abs().max()) < 0.08
+
+
+def test_rows_drawn_together_equal_rows_drawn_one_by_one() -> None:
+    a, b = PositionNoise(3, "cpu"), PositionNoise(4, "cpu")
+    a.row(11, 20)  # drawn narrower before: redrawn wider
+    stacked = noise_rows([(a, [10, 11, 12]), (b, [10])], 40)
+    expected = torch.stack([gumbel_row(3, 10, 40), gumbel_row(3, 11, 40), gumbel_row(3, 12, 40), gumbel_row(4, 10, 40)])
+    assert torch.equal(stacked, expected)
+    assert torch.equal(a.row(12, 40), expected[2])
+
+
+def test_a_batch_of_coupled_draws_equals_each_query_drawn_alone() -> None:
+    """What a batched round decides for its sampled lanes at once equals judging each lane alone."""
+    gen = torch.Generator().manual_seed(0)
+    settings = [Sampling(0.7, coupled=True), Sampling(1.2, top_k=5, coupled=True), Sampling(0.9, top_p=0.8, coupled=True)]
+    jobs = []
+    for i in range(7):
+        n = i % 4
+        logits = torch.randn(n + 1, 50, generator=gen) * 3
+        draft = torch.randint(0, 50, (n,), generator=gen).tolist()
+        jobs.append(DrawJob(PositionNoise(100 + i, "cpu"), 5 + i, draft, logits, settings[i % 3]))
+    for job, draw in zip(jobs, coupled_draws(jobs)):
+        probs = warp(job.logits, job.sampling)
+        noise = PositionNoise(job.noise.seed, "cpu").rows(range(job.start, job.start + len(job.draft) + 1), 50)
+        alone = verify_greedy(job.draft, coupled_scores(probs, noise))
+        assert draw.choices == coupled_scores(probs, noise).max(-1).indices.tolist()
+        assert verify_greedy(job.draft, job.logits, draw.choices).accepted == alone.accepted
+        assert draw.accept_probs == pytest.approx(acceptance_probs(job.draft, probs, None).tolist())
+        assert torch.allclose(draw.probs, probs)
 
 
 def test_an_unknown_scheme_is_one_clear_error(tiny_models) -> None:

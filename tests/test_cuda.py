@@ -70,3 +70,13 @@ def test_the_zoo_on_cuda() -> None:
         other = Generator(gen.model, gen.tokenizer, gen.drafters, policy=policy)
         result = other.generate(ids[0], max_new_tokens=48, ignore_eos=True)
         assert_exact(gen.model, ids[0], result.token_ids, 48, frozenset(), f"zoo {policy}")
+
+
+def test_the_coupled_noise_is_the_same_on_cuda() -> None:
+    """The noise is hashed where the scores are: the same uniforms bit for bit on the GPU, the same
+    Gumbel values up to the last bits of float32's log."""
+    from draftwise.coupling import gumbel_rows, noise_keys, uniforms
+
+    keys = [noise_keys(seed, position) for seed in (0, 9) for position in (0, 5, 4000)]
+    assert torch.equal(uniforms(keys, 8000, "cuda").cpu(), uniforms(keys, 8000))
+    assert torch.allclose(gumbel_rows(keys, 8000, "cuda").cpu(), gumbel_rows(keys, 8000), rtol=1e-5, atol=1e-6)

@@ -10,8 +10,12 @@ the target's Gumbel-max. A drafter that drafts with the same noise (``argmax log
 with the target with probability at least (1 − TV) / (1 + TV) (their bound), against 1 − TV for
 classic rejection sampling; a lookup's point mass is accepted with p(x) under both.
 
-The noise is drawn on the CPU with numpy's PCG64 seeded by (seed, position), so the same seed gives
-the same noise on any device (the text may still differ where float rounding flips a near-tie).
+The noise is a hash, not a generator's stream: token x's uniform at position t is a 32-bit
+integer hash of (x, keys of (seed, t)), computed where the scores are — on a GPU, every row of a
+batched round in a few kernels, where a generator per (seed, position) drew each row on the CPU and
+copied it over (≈ 0.1 ms a row: more than a plain batched step at 32 rows). Integer arithmetic gives
+the same bits on any device, so the same seed gives the same noise everywhere (the text may still
+differ where float rounding flips a near-tie).
 
 Because the noise is known before the target runs, so is part of a point-mass draft's fate: a
 lookup's token x̂ needs a high enough g_t(x̂) to win unless the target is nearly sure of it.
@@ -25,14 +29,112 @@ import bisect
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from draftwise.verify import Sampling, warp
 
-def gumbel_row(seed: int, position: int, width: int) -> torch.Tensor:
-    """Standard Gumbel noise for one position, ``-log(-log u)`` with u uniform from (seed, position):
-    float32 on the CPU (the precision of the scores it perturbs; ≈ 45 µs for 8k tokens).
+
+MASK32 = 0xFFFFFFFF
+MASK64 = (1 << 64) - 1
+# lowbias32_r from Wellons' hash prospector (shift, multiply, shift, multiply, shift): a bijection of
+# 32-bit integers with very low bias; both multipliers < 2^31, so int64 products never overflow
+MIX_MULTIPLIERS = (0x21F0AAAD, 0x735A2D97)
+UNIFORM_BITS = 23  # u = (h >> 9 + ½) / 2^23: exact in float32, in [2^-24, 1 − 2^-24]
+
+
+def noise_keys(seed: int, position: int) -> tuple[int, int]:
+    """Two 32-bit keys of one position's noise: splitmix64's finalizer over (seed, position).
+
+    >>> noise_keys(3, 7) != noise_keys(3, 8) != noise_keys(4, 7)
+    True
+    """
+    z = (seed * 0x9E3779B97F4A7C15 + position * 0xD1B54A32D192ED03 + 0x632BE59BD9B4E019) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    z ^= z >> 31
+    return z & MASK32, z >> 32
+
+
+def _mix_torch(x: torch.Tensor) -> None:
+    """lowbias32_r in place on int64 tensors holding 32-bit values."""
+    a, b = MIX_MULTIPLIERS
+    x ^= x >> 16
+    x *= a
+    x &= MASK32
+    x ^= x >> 15
+    x *= b
+    x &= MASK32
+    x ^= x >> 15
+
+
+def _mix_numpy(x: np.ndarray) -> None:
+    """The same on uint32 arrays (their products wrap mod 2^32): fewer, cheaper calls on a CPU."""
+    a, b = (np.uint32(m) for m in MIX_MULTIPLIERS)
+    x ^= x >> np.uint32(16)
+    x *= a
+    x ^= x >> np.uint32(15)
+    x *= b
+    x ^= x >> np.uint32(15)
+
+
+def uniforms(keys: Sequence[tuple[int, int]], width: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(len(keys), width) uniforms from the hashes h(x) = mix(mix(x ⊕ k₁) ⊕ k₂), float32 on ``device``.
+    Each row's h is a bijection of the token ids, and every step is exact, so a CPU (numpy: fewer, cheaper calls) and a GPU (torch) give the same bits."""
+    device = torch.device(device)
+    if device.type != "cpu":
+        return uniforms_torch(keys, width, device)
+    k1, k2 = (np.array(k, dtype=np.uint32)[:, None] for k in zip(*keys))
+    x = np.arange(width, dtype=np.uint32)[None, :] ^ k1
+    _mix_numpy(x)
+    x ^= k2
+    _mix_numpy(x)
+    u = (x >> np.uint32(32 - UNIFORM_BITS)).astype(np.float32)
+    u += np.float32(0.5)
+    u *= np.float32(2.0 ** -UNIFORM_BITS)
+    return torch.from_numpy(u)
+
+
+def uniforms_torch(keys: Sequence[tuple[int, int]], width: int, device: torch.device) -> torch.Tensor:
+    """:func:`uniforms` in torch operations on ``device`` (a batch's rows in a few kernels)."""
+    t1, t2 = (torch.tensor(k, dtype=torch.int64, device=device)[:, None] for k in zip(*keys))
+    y = torch.arange(width, dtype=torch.int64, device=device)[None, :] ^ t1
+    _mix_torch(y)
+    y ^= t2
+    _mix_torch(y)
+    return ((y >> (32 - UNIFORM_BITS)).float() + 0.5) * 2.0 ** -UNIFORM_BITS
+
+
+def gumbel_rows(keys: Sequence[tuple[int, int]], width: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Standard Gumbel noise ``-log(-log u)``, one row per position's keys (:func:`noise_keys`),
+    float32 (the precision of the scores it perturbs) on ``device``."""
+    return uniforms(keys, width, device).log_().neg_().log_().neg_()
+
+
+def _mix_int(x: int) -> int:
+    a, b = MIX_MULTIPLIERS
+    x ^= x >> 16
+    x = (x * a) & MASK32
+    x ^= x >> 15
+    x = (x * b) & MASK32
+    return x ^ (x >> 15)
+
+
+def gumbel_value(seed: int, position: int, token: int) -> float:
+    """One token's noise from Python integers (for a few tokens: no tensor at all).
+
+    >>> abs(gumbel_value(3, 7, 4) - float(gumbel_row(3, 7, 5)[4])) < 1e-5
+    True
+    """
+    k1, k2 = noise_keys(seed, position)
+    u = ((_mix_int(_mix_int(token ^ k1) ^ k2) >> (32 - UNIFORM_BITS)) + 0.5) * 2.0 ** -UNIFORM_BITS
+    return -math.log(-math.log(u))
+
+
+def gumbel_row(seed: int, position: int, width: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The noise of one position: its token x's value depends on (seed, position, x) alone.
 
     Prefix-stable (a wider row starts with the narrower one), so drafters whose vocabularies are
     padded to other widths see the same noise on the tokens they share.
@@ -40,8 +142,7 @@ def gumbel_row(seed: int, position: int, width: int) -> torch.Tensor:
     >>> bool(torch.equal(gumbel_row(3, 7, 5), gumbel_row(3, 7, 9)[:5]))
     True
     """
-    u = torch.from_numpy(np.random.default_rng([seed, position]).random(width, dtype=np.float32))
-    return u.clamp_(min=1e-30).log_().neg_().log_().neg_()
+    return gumbel_rows([noise_keys(seed, position)], width, device)[0]
 
 
 def coupled_scores(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -63,25 +164,91 @@ class PositionNoise:
         self.width = max(self.width, width)
         cached = self._rows.get(position)
         if cached is None or cached.numel() < width:
-            cached = gumbel_row(self.seed, position, width).to(self.device)
+            cached = gumbel_row(self.seed, position, width, self.device)
             self._rows[position] = cached
         return cached[:width]
 
     def values(self, start: int, tokens: Sequence[int]) -> list[float]:
-        """The noise of ``tokens[j]`` at position ``start + j``, for each j: one gather, one read back
-        (the rows are drawn as wide as the verifier's and kept for it)."""
-        width = max(self.width, max(tokens) + 1)
-        rows = self.rows(range(start, start + len(tokens)), width)  # (len(tokens), width)
-        return rows[torch.arange(len(tokens), device=rows.device), torch.tensor(tokens, device=rows.device)].tolist()
+        """The noise of ``tokens[j]`` at position ``start + j``, for each j, in double precision
+        (the rows are float32: a screen's bins do not need their last bits). The hash makes each
+        value a few integer operations — no row drawn, nothing sent to or read from a device."""
+        return [gumbel_value(self.seed, start + j, token) for j, token in enumerate(tokens)]
 
     def rows(self, positions: Sequence[int], width: int) -> torch.Tensor:
-        """(len(positions), width): the noise at each position."""
-        return torch.stack([self.row(p, width) for p in positions])
+        """(len(positions), width): the noise at each position (those not drawn yet, in one go)."""
+        return noise_rows([(self, positions)], width)
 
     def forget_before(self, position: int) -> None:
         """Positions before ``position`` are settled: their noise is never asked for again."""
         for p in [p for p in self._rows if p < position]:
             del self._rows[p]
+
+    def missing(self, positions: Sequence[int], width: int) -> list[int]:
+        """The positions whose noise is not yet drawn ``width`` wide."""
+        return [p for p in positions if p not in self._rows or self._rows[p].numel() < width]
+
+
+def noise_rows(requests: Sequence[tuple[PositionNoise, Sequence[int]]], width: int) -> torch.Tensor:
+    """Every request's noise rows (its positions in order), stacked: (Σ positions, ``width``) on the
+    noises' device (one batch's queries share it). The rows not drawn yet are drawn together."""
+    todo = [(noise, p) for noise, positions in requests for p in noise.missing(positions, width)]
+    if todo:
+        block = gumbel_rows([noise_keys(noise.seed, p) for noise, p in todo], width, requests[0][0].device)
+        for (noise, p), row in zip(todo, block):
+            noise._rows[p] = row
+            noise.width = max(noise.width, width)
+    return torch.stack([noise.row(p, width) for noise, positions in requests for p in positions])
+
+
+@dataclass(frozen=True)
+class CoupledDraw:
+    """What the target's coupled draws decided for one query's chain draft of n tokens."""
+
+    choices: list[int]  # the target's draw at each of the n + 1 positions
+    accept_probs: list[float]  # p(x̂_j) for each draft token (the learners' divergence signal)
+    probs: torch.Tensor  # (n + 1, V) the warped target
+
+
+@dataclass(frozen=True)
+class DrawJob:
+    """One query's rows of a batched forward, to be drawn with its noise (a point-mass chain draft)."""
+
+    noise: PositionNoise
+    start: int  # the position the first row's token takes (the context's length)
+    draft: Sequence[int]
+    logits: torch.Tensor  # (n + 1, V)
+    sampling: Sampling
+
+
+def coupled_draws(jobs: Sequence[DrawJob]) -> list[CoupledDraw]:
+    """The target's coupled draws for many queries at once: the same tokens as drawing each query
+    alone (``argmax log p + g`` per row), with one warp per sampling setting, one argmax and one
+    read back for the whole batch instead of several small operations a query — on a GPU each is a
+    kernel launch or a wait, which cost a sampled batch more than its forward."""
+    sizes = [len(job.draft) + 1 for job in jobs]
+    groups: dict[Sampling, list[int]] = {}
+    for i, job in enumerate(jobs):
+        groups.setdefault(job.sampling, []).append(i)
+    parts: list[torch.Tensor] = [torch.empty(0)] * len(jobs)
+    for sampling, members in groups.items():
+        warped = warp(torch.cat([jobs[i].logits for i in members]), sampling)
+        for i, chunk in zip(members, warped.split([sizes[i] for i in members])):
+            parts[i] = chunk
+    probs = torch.cat(parts)
+    width = probs.shape[-1]
+    noise = noise_rows([(job.noise, range(job.start, job.start + n)) for job, n in zip(jobs, sizes)], width)
+    choices = coupled_scores(probs, noise).max(-1).indices.tolist()  # max's index = argmax (first maximum)
+    starts = list(itertools.accumulate(sizes, initial=0))
+    rows = [starts[i] + j for i, job in enumerate(jobs) for j in range(len(job.draft))]
+    tokens = [t for job in jobs for t in job.draft]
+    accept = probs[torch.tensor(rows, device=probs.device), torch.tensor(tokens, device=probs.device)].tolist() \
+        if tokens else []
+    out = []
+    for i, job in enumerate(jobs):
+        lo, n = starts[i], len(job.draft)
+        first = starts[i] - i  # draft tokens before this job's
+        out.append(CoupledDraw(choices[lo : lo + n + 1], accept[first : first + n], parts[i]))
+    return out
 
 
 # -- screening point-mass drafts by their own noise ---------------------------------------------------

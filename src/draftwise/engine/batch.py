@@ -57,7 +57,7 @@ import torch
 
 from draftwise.arms import Arm
 from draftwise.batched_lm import BatchedLM, RowLM
-from draftwise.coupling import NoiseScreen
+from draftwise.coupling import CoupledDraw, DrawJob, NoiseScreen, coupled_draws
 from draftwise.draft import Draft
 from draftwise.drafter_bank import attach_banks
 from draftwise.drafters.base import ModelDrafter
@@ -325,8 +325,9 @@ class BatchEngine:
         records = []
         shares = measured_shares(self.costs.coef, shape, [len(plan.draft.tokens) for plan in plans])
         plain_share = measured_shares(self.costs.coef, shape, [0])[0] if forced is None else 0.0
-        for lane, plan, rows, share in zip(lanes, plans, logits, shares):
-            record = lane.engine.conclude(lane.query, plan, rows, share, lane.row.choices)
+        draws = batch_draws(lanes, plans, logits)
+        for lane, plan, rows, share, draw in zip(lanes, plans, logits, shares, draws):
+            record = lane.engine.conclude(lane.query, plan, rows, share, lane.row.choices, draw)
             if record.index == 0:
                 record.verify_s += lane.prefill_s
                 record.draft_s += lane.setup_s
@@ -428,6 +429,24 @@ class BatchEngine:
 
 PREFILL_SLACK = 1.25  # a shared prompt forward may compute up to 25 % padding
 PREFILL_TOKENS = 8192  # and at most this many token slots (its activations)
+
+
+def batch_draws(lanes: Sequence[Lane], plans: Sequence[Planned], logits: Sequence[torch.Tensor]
+                ) -> list[CoupledDraw | None]:
+    """The coupled draws of every lane that samples with noise a chain without drafter
+    probabilities (plain rows, lookups), made at once; None for the others (greedy lanes, trees,
+    model drafts, rejection sampling: each judges its own)."""
+    draws: list[CoupledDraw | None] = [None] * len(lanes)
+    jobs, at = [], []
+    for i, (lane, plan, rows) in enumerate(zip(lanes, plans, logits)):
+        query, draft = lane.query, plan.draft
+        noise = query.dctx.noise
+        if noise is not None and not query.settings.sampling.greedy and draft.parents is None and draft.probs is None:
+            jobs.append(DrawJob(noise, len(query.context), draft.tokens, rows, query.settings.sampling))
+            at.append(i)
+    for i, draw in zip(at, coupled_draws(jobs) if jobs else []):
+        draws[i] = draw
+    return draws
 
 
 def prefill_groups(lengths: Sequence[int], slack: float = PREFILL_SLACK,

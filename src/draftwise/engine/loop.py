@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from draftwise.arms import Arm
-from draftwise.coupling import NoiseScreen, coupled_scores
+from draftwise.coupling import CoupledDraw, NoiseScreen, coupled_scores
 from draftwise.drafters import Draft, Drafter, StopRule, make_stop_rule
 from draftwise.engine import evaluation
 from draftwise.engine.query import QuerySettings, QueryState, new_query
@@ -206,13 +206,14 @@ class Engine:
         return self.target.tree_input(query.context, draft.tokens, draft.parents)
 
     def conclude(self, query: QueryState, planned: Planned, logits: torch.Tensor, forward_s: float,
-                 choices: list[int] | None = None) -> RoundRecord:
+                 choices: list[int] | None = None, draw: CoupledDraw | None = None) -> RoundRecord:
         """Judge the draft on the target's ``logits``, accept, record and learn: everything a round
         does after its target forward (which took ``forward_s``, this query's share in a batch;
-        ``choices``: the target's argmax per row when the batch computed them at once)."""
+        ``choices``: the target's argmax per row, ``draw``: its coupled draws, when the batch
+        computed them for every query at once)."""
         start = time.perf_counter()
         draft, arm_index = planned.draft, planned.arm
-        verified = self._judge(query, draft, logits, choices)
+        verified = self._judge(query, draft, logits, choices) if draw is None else _drawn(draft, logits, draw)
         if planned.noises is not None and self.noise_screen is not None:
             self.noise_screen.observe(planned.noises, verified.verdict.accepted)
         before = len(query.context)
@@ -416,6 +417,13 @@ class Engine:
         arm = self.arms[arm_index]
         drafter = query.arm_drafter[arm_index]
         return f"{arm.name}={self.drafters[drafter].name}" if arm.route and drafter is not None else arm.name
+
+
+def _drawn(draft: Draft, logits: torch.Tensor, draw: CoupledDraw) -> Verified:
+    """A chain judged on coupled draws made for the whole batch (:func:`draftwise.coupling.coupled_draws`):
+    accepted while the draft equals the target's draw, as :meth:`Engine._judge` does alone."""
+    verdict = replace(verify_greedy(draft.tokens, logits, draw.choices), accept_probs=draw.accept_probs)
+    return Verified(verdict, draft.tokens[: verdict.accepted], logits, draw.probs)
 
 
 def _along_path(draft: Draft, verdict: TreeVerdict, logits: torch.Tensor, probs: torch.Tensor | None) -> Verified:
