@@ -30,8 +30,8 @@ from draftwise.coupling import (
     uniforms,
     uniforms_torch,
 )
-from draftwise.verify import Sampling, acceptance_probs, verify_greedy, warp
 from draftwise.errors import DraftwiseError
+from draftwise.verify import Sampling, acceptance_probs, verify_greedy, warp
 
 POOLS = {
     # name: (drafters, policy, arms)
@@ -117,7 +117,8 @@ def test_rows_drawn_together_equal_rows_drawn_one_by_one() -> None:
 def test_a_batch_of_coupled_draws_equals_each_query_drawn_alone() -> None:
     """What a batched round decides for its sampled lanes at once equals judging each lane alone."""
     gen = torch.Generator().manual_seed(0)
-    settings = [Sampling(0.7, coupled=True), Sampling(1.2, top_k=5, coupled=True), Sampling(0.9, top_p=0.8, coupled=True)]
+    settings = [Sampling(0.7, coupled=True), Sampling(1.2, top_k=5, coupled=True),
+                Sampling(0.9, top_p=0.8, coupled=True)]
     jobs = []
     for i in range(7):
         n = i % 4

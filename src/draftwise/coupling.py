@@ -36,7 +36,6 @@ import torch
 
 from draftwise.verify import Sampling, warp
 
-
 MASK32 = 0xFFFFFFFF
 MASK64 = (1 << 64) - 1
 # lowbias32_r from Wellons' hash prospector (shift, multiply, shift, multiply, shift): a bijection of
@@ -82,7 +81,8 @@ def _mix_numpy(x: np.ndarray) -> None:
 
 def uniforms(keys: Sequence[tuple[int, int]], width: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """(len(keys), width) uniforms from the hashes h(x) = mix(mix(x ⊕ k₁) ⊕ k₂), float32 on ``device``.
-    Each row's h is a bijection of the token ids, and every step is exact, so a CPU (numpy: fewer, cheaper calls) and a GPU (torch) give the same bits."""
+    Each row's h is a bijection of the token ids, and every step is exact, so a CPU (numpy: fewer,
+    cheaper calls) and a GPU (torch) give the same bits."""
     device = torch.device(device)
     if device.type != "cpu":
         return uniforms_torch(keys, width, device)

@@ -197,8 +197,15 @@ def build_runner(bench: Workbench, spec: str, length_drafter: str) -> Runner:
 def run_batched(config: Any, sizes: Sequence[int], length_drafter: str = "pld") -> dict[str, Any]:
     """Run (or resume) every B × method × repeat into ``config.out``; returns the summary."""
     from draftwise.bench.report import environment
-    from draftwise.bench.runner import (SEED_RULE, encode_prompts, load_workbench, make_out_folder, read_rows,
-                                        resolve_prompts, row_seed)
+    from draftwise.bench.runner import (
+        SEED_RULE,
+        encode_prompts,
+        load_workbench,
+        make_out_folder,
+        read_rows,
+        resolve_prompts,
+        row_seed,
+    )
 
     out = Path(config.out)
     prompts = resolve_prompts(config)
@@ -346,7 +353,8 @@ def write_summary(out: Path, summary: dict[str, Any]) -> None:
             learner = "" if v.get("policy_share") is None else f"{100 * v['policy_share']:.2f} %"
             best = v.get("vs_best_length")
             vs = "" if best is None else f"{best['ratio']:.3f} ({best['length']})"
-            checked = f"{v['mismatches']} ({v['ties']})" if v.get("differs") is None else f"sampled: {v['differs']} differ"
+            checked = (f"{v['mismatches']} ({v['ties']})" if v.get("differs") is None
+                       else f"sampled: {v['differs']} differ")
             lines.append(f"| {size} | {method} | {v['tokens_per_s']:.1f} ± {v['std']:.1f} | {v['speedup']:.3f} | "
                          f"{vs} | {v['mat']:.2f} | {checked} | {learner} | {book} | "
                          f"{v['kv_mb']} |")
