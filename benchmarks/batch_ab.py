@@ -11,7 +11,9 @@
 - ``METHOD~nocredit``: ``credit_plain`` (lanes not told what ``none`` would have earned);
 - ``METHOD~nomodels``: no lane ever plays a model-drafter arm (lookups only);
 - ``METHOD~trustprior``: the load cap and width cut trust the step-cost model's prior from the first
-  step, as before session 15, instead of probing until a draft token's cost is measured.
+  step, as before session 15, instead of probing until a draft token's cost is measured;
+- ``METHOD~median``: ``mean_model_cost`` (a model arm's cost per token is the median of its recent
+  rounds, as before session 16, not their mean: lanes' first plays left out).
 
 A new switch is one more entry in ``SWITCHES``.
 
@@ -31,7 +33,7 @@ from draftwise.step_costs import StepCostModel, StepShape, length_cap
 
 SWITCHES = {"~nocut": "cut_width", "~rowprefill": "share_prefill", "~noscout": "scout_models",
             "~grow": "reserve_at_join", "~nocap": "cap_acceptance", "~nocredit": "credit_plain",
-            "~nomodels": "models", "~trustprior": "probe"}
+            "~nomodels": "models", "~trustprior": "probe", "~median": "mean_model_cost"}
 _off: set[str] = set()  # the switches the running method turns off
 _init = batch.BatchEngine.__init__
 _build = batched.build_runner

@@ -418,6 +418,13 @@ def test_model_drafter_arms_are_blocked_where_their_tokens_cannot_pay(tiny_model
     blocked.run()
     arms = [r.arm_name for h in rolled for r in h.result.trace]
     assert "llama-twin@4" not in arms and "pld@4" in arms and "none" in arms
+    # each lane's first play routes and prefills its drafter: that spike counts (the mean), since
+    # every new lane pays it again while the rows wait; the median of the plays left it out
+    spiky = gen.batch_session(1).engine
+    spiky.model_token_s.extend([0.5, 1e-6, 1e-6, 1e-6])
+    assert spiky._unaffordable(1, cap=8) == frozenset({0})
+    spiky.mean_model_cost = False
+    assert spiky._unaffordable(1, cap=8) == frozenset()
 
 
 def test_one_length_for_the_batch_learns_every_shorter_length_from_each_round(tiny_models) -> None:

@@ -147,12 +147,17 @@ class BatchEngine:
         self.survival = DraftSurvival(max((arm.draft_len for arm in arms), default=1) or 1, prior=cap_acceptance or 0.9)
         self.noise_screen: NoiseScreen | None = NoiseScreen()  # coupled sampling: shared by every lane's engine
         # Arms drafting with a model (routed arms: every candidate is one), and what one of their
-        # draft tokens costs a lane (median of recent rounds: a first round's routing and prefill
-        # are spikes): under load they are blocked for every lane (``_unaffordable``).
+        # draft tokens costs a lane: the mean of recent rounds, first plays included. A lane's first
+        # play routes and prefills its drafter (≈ 20 ms on this CPU, 15–50 ms on an H200 against a
+        # 4 ms step) while every row waits, and each new lane pays it again; the median left those
+        # out, so once rows drained the cap let every lane try a model arm (an H200 at 32 rows: 0.84×
+        # plain decoding with model arms, 1.24× without). Under load they are blocked for every lane
+        # (``_unaffordable``).
         self.model_arms = frozenset(
             a for a, arm in enumerate(self.arms)
             if arm.drafter is not None and isinstance(self.pool.templates[arm.drafter], ModelDrafter))
         self.model_token_s: deque[float] = deque(maxlen=32)
+        self.mean_model_cost = True  # off: the median (before session 16; for A/B)
         self.drafting_arms = frozenset(a for a, arm in enumerate(self.arms) if arm.drafter is not None)
         self.longest_draft = max((arm.draft_len for arm in self.arms), default=0)
         self.longest_model_draft = max((self.arms[a].draft_len for a in self.model_arms), default=0)
@@ -383,7 +388,7 @@ class BatchEngine:
             return self.drafting_arms
         if self.cap_acceptance <= 0 or not self.model_arms or len(self.model_token_s) < MODEL_COST_KNOWN:
             return frozenset()
-        token_s = statistics.median(self.model_token_s)
+        token_s = (statistics.fmean if self.mean_model_cost else statistics.median)(self.model_token_s)
         if length_cap(self.costs.coef, requests, self.longest_model_draft, self.cap_acceptance, token_s) > 0:
             return frozenset()
         return self.model_arms
