@@ -313,6 +313,7 @@ class BatchEngine:
         chains = all(plan.draft.parents is None for plan in plans)
         # per-query lanes: the padded width is theirs (once a draft token's cost is measured)
         measure = forced is None and self.cut_width and chains and self.costs.draft_cost_known
+        drafted = [len(plan.draft.tokens) for plan in plans]  # before any cut: what the drafters spent on
         if measure:
             plans = self._cut_to_width(plans)
         inputs = [lane.engine.target_input(lane.query, plan.draft) for lane, plan in zip(lanes, plans)]
@@ -331,15 +332,15 @@ class BatchEngine:
         shares = measured_shares(self.costs.coef, shape, [len(plan.draft.tokens) for plan in plans])
         plain_share = measured_shares(self.costs.coef, shape, [0])[0] if forced is None else 0.0
         draws = batch_draws(lanes, plans, logits)
-        for lane, plan, rows, share, draw in zip(lanes, plans, logits, shares, draws):
+        for lane, plan, rows, share, draw, spent in zip(lanes, plans, logits, shares, draws, drafted):
             record = lane.engine.conclude(lane.query, plan, rows, share, lane.row.choices, draw)
             if record.index == 0:
                 record.verify_s += lane.prefill_s
                 record.draft_s += lane.setup_s
             elif forced is None and self.credit_plain:
                 lane.engine.credit_plain(plan, record, plain_share)
-            if plan.arm in self.model_arms and record.drafted > 0:
-                self.model_token_s.append(plan.draft_s / record.drafted)
+            if plan.arm in self.model_arms:  # every play costs, cut or empty: a draft cut to 0 paid for its drafting
+                self.model_token_s.append(plan.draft_s / max(spent, 1))
             records.append(record)
         if measure:
             self.survival.observe([(r.drafted, r.accepted) for r in records])
