@@ -71,15 +71,24 @@ class TokenCache(Protocol):
         ...
 
 
+_CACHE_KEYWORDS: dict[Any, str] = {}  # per forward function: each query's drafter copies ask again
+
+
 def cache_keyword(model: Any) -> str:
     """The keyword that hands a model its KV cache: ``cache`` where its forward takes it (transformers
     renamed ``past_key_values``, which now warns and goes in 5.40), else ``past_key_values`` (older
     releases, remote code)."""
+    forward = getattr(type(model), "forward", None)
+    if forward in _CACHE_KEYWORDS:
+        return _CACHE_KEYWORDS[forward]
     try:
         parameters = inspect.signature(model.forward).parameters
+        keyword = "cache" if "cache" in parameters else "past_key_values"
     except (TypeError, ValueError):  # a forward inspect cannot read: the long-standing name
-        return "past_key_values"
-    return "cache" if "cache" in parameters else "past_key_values"
+        keyword = "past_key_values"
+    if forward is not None:
+        _CACHE_KEYWORDS[forward] = keyword
+    return keyword
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -267,12 +276,18 @@ class CachedLM(HiddenStatesMixin):
         self.reset()
 
     def reset(self) -> None:
-        from transformers import DynamicCache
-
-        self.cache = DynamicCache(config=self.model.config)
+        self._cache: Any = None  # made at first use: a batch makes every drafter's copy per query, most never run
         self.tokens: list[int] = []  # the tokens whose keys and values are in the cache
         self.tree = None
         self.hidden = RowBuffer()  # (len(cache), H) final hidden states, when keep_hidden
+
+    @property
+    def cache(self) -> Any:
+        if self._cache is None:
+            from transformers import DynamicCache
+
+            self._cache = DynamicCache(config=self.model.config)
+        return self._cache
 
     @torch.inference_mode()
     @all_or_nothing

@@ -45,14 +45,29 @@ def _rope_theta(config: Any) -> float | None:
 
 def bank_key(model: Any) -> tuple | None:
     """A key equal for models that can share a bank; None when the lean path does not apply."""
+    shape = _shape_key(model)
+    if shape is None:
+        return None
+    parameter = next(model.parameters())
+    return shape + (parameter.dtype, parameter.device)
+
+
+_SHAPE_KEYS: weakref.WeakKeyDictionary[Any, tuple | None] = weakref.WeakKeyDictionary()
+
+
+def _shape_key(model: Any) -> tuple | None:
+    """The config part of :func:`bank_key`, read once per model (a transformers config's attributes
+    are slow to read, and a batch attaches every query's drafter copies to banks)."""
+    if model in _SHAPE_KEYS:
+        return _SHAPE_KEYS[model]
     config = model.config
-    if type(model).__name__ != "LlamaForCausalLM" or getattr(config, "hidden_act", "silu") != "silu":
-        return None
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False) or _rope_theta(config) is None:
-        return None
-    dtype = next(model.parameters()).dtype
-    return tuple(getattr(config, k) for k in SHAPE_KEYS) + (_head_dim(config), _rope_theta(config), dtype,
-                                                             next(model.parameters()).device)
+    key: tuple | None = None
+    if (type(model).__name__ == "LlamaForCausalLM" and getattr(config, "hidden_act", "silu") == "silu"
+            and not getattr(config, "attention_bias", False) and not getattr(config, "mlp_bias", False)
+            and _rope_theta(config) is not None):
+        key = tuple(getattr(config, k) for k in SHAPE_KEYS) + (_head_dim(config), _rope_theta(config))
+    _SHAPE_KEYS[model] = key
+    return key
 
 
 def _stack(tensors: list[torch.Tensor], transpose: bool = False) -> torch.Tensor:
