@@ -560,6 +560,10 @@ def test_batch_size_bench_samples_with_one_seed_a_query(setup, capsys) -> None:
     assert by_method["fixed:pld"]["differs"] == 0 and by_method["fixed:pld"]["outputs"] == by_method["ar"]["outputs"]
     assert "mismatches" not in by_method["fixed:pld"]
     assert "sampled: 0 differ" in (Path(cfg.out) / "batch-summary.md").read_text()
+    # the draws (warp, noise, argmax) are timed apart from the bookkeeping; a greedy run has none
+    summary = json.loads((Path(cfg.out) / "batch-summary.json").read_text())
+    assert summary["2"]["ar"]["sample_share"] > 0 and by_method["ar"]["sample_s"] > 0
+    assert json.loads((Path(greedy.out) / "batch-summary.json").read_text())["2"]["ar"]["sample_share"] is None
     # seeded by prompt id and repeat: a fresh run into another folder draws the same texts
     again = replace(cfg, out=cfg.out + "-again")
     assert main(cli_args(again) + ["--batch-size", "2", "--temperature", "0.9", "--top-k", "20"]) == 0

@@ -123,7 +123,8 @@ def engine_runner(generator: Any, decide: str = "query", adapt: bool = True) -> 
             "batched_rounds": timing.rounds, "query_rounds": rounds, "mat": new / rounds if rounds else 0.0,
             "drafted": sum(r.stats.drafted for r in results), "accepted": sum(r.stats.accepted for r in results),
             "forward_s": timing.forward_s, "draft_s": timing.draft_s, "rounds_s": timing.rounds_s,
-            "bookkeeping_s": timing.bookkeeping_s, "policy_s": timing.policy_s, "width_cuts": timing.width_cuts,
+            "bookkeeping_s": timing.bookkeeping_s, "policy_s": timing.policy_s, "sample_s": timing.sample_s,
+            "width_cuts": timing.width_cuts,
             "capped_rounds": timing.capped_rounds,
             "kv_bytes": session.engine.target.kv_bytes(),
             "pulls": pulls,
@@ -305,6 +306,7 @@ def summarize_batched(rows: Sequence[dict]) -> dict[str, Any]:
             tps = [r["tokens_per_s"] for r in mine]
             book = [r["bookkeeping_s"] / r["wall_s"] for r in mine if "bookkeeping_s" in r]
             learner = [r["policy_s"] / r["wall_s"] for r in mine if "policy_s" in r]  # before session 15: in book
+            sampling = [r["sample_s"] / r["wall_s"] for r in mine if r.get("sample_s")]  # before session 16: in book
             table[method] = {
                 "tokens_per_s": round(float(np.mean(tps)), 2), "std": round(float(np.std(tps)), 2),
                 "speedup": round(float(np.mean(tps)) / base, 3), "repeats": len(mine),
@@ -313,6 +315,7 @@ def summarize_batched(rows: Sequence[dict]) -> dict[str, Any]:
                 "differs": sum(r["differs"] for r in mine) if any("differs" in r for r in mine) else None,
                 "bookkeeping_share": round(float(np.mean(book)), 4) if book else None,
                 "policy_share": round(float(np.mean(learner)), 4) if learner else None,
+                "sample_share": round(float(np.mean(sampling)), 4) if sampling else None,
                 "kv_mb": round(max(r.get("kv_bytes", 0) for r in mine) / 2**20, 1),
                 "peak_rss_mb": round(max(r["peak_rss_mb"] for r in mine), 1),
                 "pulls": mine[-1].get("pulls", {}),
@@ -345,18 +348,19 @@ def add_best_length(table: dict[str, dict[str, Any]], rows: Sequence[dict]) -> N
 
 def write_summary(out: Path, summary: dict[str, Any]) -> None:
     (out / f"{SUMMARY}.json").write_text(json.dumps(summary, indent=2))
-    lines = ["| B | method | tokens/s (± std) | × ar | ÷ best length | MAT | mismatches (ties) | policy | bookkeeping "
-             "| KV MB |", "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    lines = ["| B | method | tokens/s (± std) | × ar | ÷ best length | MAT | mismatches (ties) | policy | sampling "
+             "| bookkeeping | KV MB |", "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for size, table in summary.items():
         for method, v in table.items():
             book = "" if v["bookkeeping_share"] is None else f"{100 * v['bookkeeping_share']:.2f} %"
             learner = "" if v.get("policy_share") is None else f"{100 * v['policy_share']:.2f} %"
+            drawn = "" if v.get("sample_share") is None else f"{100 * v['sample_share']:.2f} %"
             best = v.get("vs_best_length")
             vs = "" if best is None else f"{best['ratio']:.3f} ({best['length']})"
             checked = (f"{v['mismatches']} ({v['ties']})" if v.get("differs") is None
                        else f"sampled: {v['differs']} differ")
             lines.append(f"| {size} | {method} | {v['tokens_per_s']:.1f} ± {v['std']:.1f} | {v['speedup']:.3f} | "
-                         f"{vs} | {v['mat']:.2f} | {checked} | {learner} | {book} | "
+                         f"{vs} | {v['mat']:.2f} | {checked} | {learner} | {drawn} | {book} | "
                          f"{v['kv_mb']} |")
     (out / f"{SUMMARY}.md").write_text("\n".join(lines) + "\n")
     try:

@@ -89,20 +89,22 @@ MODEL_COST_KNOWN = 4  # model-arm rounds measured before their cost per token de
 @dataclass
 class BatchTiming:
     """Where a batch's round time went: the target's forwards, the drafters, the learners
-    (selection, updates, full-information evaluation), and the rest (verification maths, inputs,
-    cost model, records: the bookkeeping)."""
+    (selection, updates, full-information evaluation), the sampled rows' draws (warp, noise, the
+    draw: decoding work plain sampling does too), and the rest (verification, inputs, cost model,
+    records: the bookkeeping)."""
 
     rounds: int = 0
     rounds_s: float = 0.0
     forward_s: float = 0.0
     draft_s: float = 0.0
     policy_s: float = 0.0
+    sample_s: float = 0.0
     width_cuts: int = 0  # rounds whose drafts were cut to a narrower padded width (per-query decisions)
     capped_rounds: int = 0  # rounds in which the load cap let no lane draft (per-query decisions)
 
     @property
     def bookkeeping_s(self) -> float:
-        return max(0.0, self.rounds_s - self.forward_s - self.draft_s - self.policy_s)
+        return max(0.0, self.rounds_s - self.forward_s - self.draft_s - self.policy_s - self.sample_s)
 
 
 @dataclass
@@ -318,7 +320,8 @@ class BatchEngine:
             plans = self._cut_to_width(plans)
         inputs = [lane.engine.target_input(lane.query, plan.draft) for lane, plan in zip(lanes, plans)]
         forward_start, grown_s = clock(), self.target.reserve_s
-        logits = self.target.run(inputs, argmax=any(lane.query.settings.sampling.greedy for lane in lanes))
+        greedy = [lane.query.settings.sampling.greedy for lane in lanes]
+        logits = self.target.run(inputs, argmax=any(greedy))
         seconds = clock() - forward_start
         # Growing the KV buffers (a copy of every row, ≈ 0.1 s at 32 rows × 512 slots) is not what
         # this shape costs: in the fit it tripled the draft-token cost and the load cap then stopped
@@ -331,7 +334,11 @@ class BatchEngine:
         records = []
         shares = measured_shares(self.costs.coef, shape, [len(plan.draft.tokens) for plan in plans])
         plain_share = measured_shares(self.costs.coef, shape, [0])[0] if forced is None else 0.0
-        draws = batch_draws(lanes, plans, logits)
+        draws: list[CoupledDraw | None] = [None] * len(lanes)
+        if not all(greedy):
+            sample_start = clock()
+            draws = batch_draws(lanes, plans, logits)
+            self.timing.sample_s += clock() - sample_start
         for lane, plan, rows, share, draw, spent in zip(lanes, plans, logits, shares, draws, drafted):
             record = lane.engine.conclude(lane.query, plan, rows, share, lane.row.choices, draw)
             if record.index == 0:
