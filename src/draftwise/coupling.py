@@ -157,11 +157,9 @@ class PositionNoise:
         self.seed = int(seed)
         self.device = torch.device(device)
         self._rows: dict[int, torch.Tensor] = {}
-        self.width = 0  # the widest row asked for: a single token's noise is drawn that wide (reused)
 
     def row(self, position: int, width: int) -> torch.Tensor:
         """The noise at ``position`` over the first ``width`` token ids (float32, on the device)."""
-        self.width = max(self.width, width)
         cached = self._rows.get(position)
         if cached is None or cached.numel() < width:
             cached = gumbel_row(self.seed, position, width, self.device)
@@ -187,6 +185,10 @@ class PositionNoise:
         """The positions whose noise is not yet drawn ``width`` wide."""
         return [p for p in positions if p not in self._rows or self._rows[p].numel() < width]
 
+    def keep(self, position: int, row: torch.Tensor) -> None:
+        """Keep a row drawn elsewhere (:func:`noise_rows` draws a batch's rows together)."""
+        self._rows[position] = row
+
 
 def noise_rows(requests: Sequence[tuple[PositionNoise, Sequence[int]]], width: int) -> torch.Tensor:
     """Every request's noise rows (its positions in order), stacked: (Σ positions, ``width``) on the
@@ -195,8 +197,7 @@ def noise_rows(requests: Sequence[tuple[PositionNoise, Sequence[int]]], width: i
     if todo:
         block = gumbel_rows([noise_keys(noise.seed, p) for noise, p in todo], width, requests[0][0].device)
         for (noise, p), row in zip(todo, block):
-            noise._rows[p] = row
-            noise.width = max(noise.width, width)
+            noise.keep(p, row)
     return torch.stack([noise.row(p, width) for noise, positions in requests for p in positions])
 
 
