@@ -30,14 +30,14 @@ import logging
 import resource
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from draftwise.bench.methods import Workbench, eos_ids, fixed_spec
+from draftwise.bench.methods import DecodeSettings, Workbench, eos_ids, fixed_spec
 from draftwise.drafters.suffix import forget_stored_answers
 from draftwise.errors import DraftwiseError
 
@@ -57,20 +57,24 @@ class BatchRun:
 
 @dataclass(frozen=True)
 class BatchDecode:
-    """How one pass decodes: its length, and for sampled passes the settings and one seed a query."""
+    """How one pass decodes: the bench's settings, and for sampled passes one seed a query."""
 
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
+    settings: DecodeSettings
     seeds: Sequence[int] = ()
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.settings.max_new_tokens
+
+    @property
+    def temperature(self) -> float:
+        return self.settings.temperature
 
     def query(self, index: int) -> dict[str, Any]:
         """Keyword arguments of :meth:`BatchSession.add` for the query at ``index``."""
         if self.temperature == 0:
             return {"max_new_tokens": self.max_new_tokens}
-        return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_k": self.top_k,
-                "top_p": self.top_p, "seed": self.seeds[index]}
+        return {**asdict(self.settings), "seed": self.seeds[index]}
 
 
 Runner = Callable[[Sequence[list[int]], int, BatchDecode], BatchRun]  # (prompts, batch size, decoding)
@@ -152,7 +156,8 @@ def hf_runner(model: Any, pad_id: int) -> Runner:
                 mask[row, width - len(p) :] = 1
             kwargs: dict[str, Any] = {"do_sample": decode.temperature > 0}
             if decode.temperature > 0:
-                kwargs.update(temperature=decode.temperature, top_k=decode.top_k or 0, top_p=decode.top_p or 1.0)
+                kwargs.update(temperature=decode.temperature, top_k=decode.settings.top_k or 0,
+                              top_p=decode.settings.top_p or 1.0)
                 torch.manual_seed(decode.seeds[lo])
             with torch.inference_mode():
                 out = model.generate(ids.to(model.device), attention_mask=mask.to(model.device),
@@ -238,13 +243,14 @@ def run_batched(config: Any, sizes: Sequence[int], length_drafter: str = "pld") 
             # speed drifts over minutes (shared CPUs) shifts every method alike, not one
             for repeat in range(config.repeats):
                 seeds = [row_seed(config.seed, p.id, repeat) for p in prompts] if sampled else []
-                decode = BatchDecode(config.max_new_tokens, config.temperature, config.top_k, config.top_p, seeds)
+                decode = BatchDecode(config.settings(), seeds)
                 for method in methods:
                     key = f"B={size}|{method}|{repeat}"
                     if key in done:
                         continue
                     if method not in warmed and config.warmup_tokens > 0:  # untimed: caches, allocator, lazy imports
-                        warm = replace(decode, max_new_tokens=min(config.warmup_tokens, config.max_new_tokens))
+                        warm = replace(decode, settings=replace(decode.settings, max_new_tokens=min(
+                            config.warmup_tokens, config.max_new_tokens)))
                         runners[method](ids[: min(size, len(ids))], size, warm)
                         warmed.add(method)
                     run = runners[method](ids, size, decode)
