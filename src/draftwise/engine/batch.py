@@ -149,11 +149,12 @@ class BatchEngine:
         self.survival = DraftSurvival(max((arm.draft_len for arm in arms), default=1) or 1, prior=cap_acceptance or 0.9)
         self.noise_screen: NoiseScreen | None = NoiseScreen()  # coupled sampling: shared by every lane's engine
         # Arms drafting with a model (routed arms: every candidate is one), and what one of their
-        # draft tokens costs a lane: the mean of recent rounds, first plays included. A lane's first
-        # play routes and prefills its drafter (≈ 20 ms on this CPU, 15–50 ms on an H200 against a
-        # 4 ms step) while every row waits, and each new lane pays it again; the median left those
-        # out, so once rows drained the cap let every lane try a model arm (an H200 at 32 rows: 0.84×
-        # plain decoding with model arms, 1.24× without). Under load they are blocked for every lane
+        # draft tokens costs a lane: the mean of recent plays, first plays included (a lane's first
+        # play routes and prefills its drafter — ≈ 20 ms on this CPU, 15–50 ms on an H200 against a
+        # 4 ms step — while every row waits, and each new lane pays it again; a median leaves that
+        # out). Every play counts, a draft cut to 0 by the padded width too: counting only drafted
+        # ones kept the cost unknown on an H200, and lanes went on trying model arms at 32 rows
+        # (0.84× plain decoding; 1.17× once measured). Under load they are blocked for every lane
         # (``_unaffordable``).
         self.model_arms = frozenset(
             a for a, arm in enumerate(self.arms)
@@ -346,7 +347,7 @@ class BatchEngine:
                 record.draft_s += lane.setup_s
             elif forced is None and self.credit_plain:
                 lane.engine.credit_plain(plan, record, plain_share)
-            if plan.arm in self.model_arms:  # every play costs, cut or empty: a draft cut to 0 paid for its drafting
+            if plan.arm in self.model_arms:  # a draft cut to 0 still paid for its drafting
                 self.model_token_s.append(plan.draft_s / max(spent, 1))
             records.append(record)
         if measure:
