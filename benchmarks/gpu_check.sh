@@ -10,7 +10,7 @@
 #   sampled  B = 8, 32 at temperature 0.7: ar, the default, suffix@8, pld
 #   sweep    B = 1, 4, 16, 32: fixed lengths 1–4, banditspec-length, the default, suffix@8 (issue 15)
 #   mixed    mixed-domain B = 8 with the zoo's model drafters
-#   queue32  B = 32 over 56 prompts (a queue: rows refilled), 3 repeats — at 28 prompts a B = 32 pass
+#   queue32  B = 32 over 56 prompts (a queue: rows refilled; its --per-domain 8 overrides the 4), 3 repeats — at 28 prompts a B = 32 pass
 #            takes < 1 s on an H200 and one hiccup doubles it
 # (ZOO_CORPUS: the zoo's dev/test splits, e.g. copied from ~/.cache/draftwise/zoo-corpus/*/ into an
 # ignored folder that the device call carries; DEVICE=cpu tries the script's mechanics here.)
@@ -20,7 +20,7 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
 STEPS=${STEPS:-tests hf16 sampled sweep mixed}
 log() { echo "== $(date +%T) $*"; }
-BENCH=(python3 -m draftwise.cli bench --device "${DEVICE:-cuda}" --quiet --no-plots ${ZOO_CORPUS:+--zoo-corpus "$ZOO_CORPUS"})
+BENCH=(python3 -m draftwise.cli bench --device "${DEVICE:-cuda}" --per-domain 4 --quiet --no-plots ${ZOO_CORPUS:+--zoo-corpus "$ZOO_CORPUS"})
 bench() {  # NAME LIMIT_S ARGS...: one bench into /tmp/gpu-NAME, its rows copied to $OUT/NAME.*
   local name=$1 limit=$2; shift 2
   log "$name"
@@ -36,12 +36,12 @@ bench() {  # NAME LIMIT_S ARGS...: one bench into /tmp/gpu-NAME, its rows copied
     case $step in
       tests) log "tests/test_cuda.py"
              timeout "${TESTS_S:-150}" python3 -m pytest tests/test_cuda.py -q -x -p no:cacheprovider 2>&1 | tail -5 ;;
-      hf16) bench hf16 "${HF16_S:-120}" --per-domain 4 --batch-size 16 --repeats 2 --methods ar,hf-ar,default ;;
-      sampled) bench sampled "${SAMPLED_S:-150}" --per-domain 4 --batch-size 8,32 --repeats 2 --temperature 0.7 \
+      hf16) bench hf16 "${HF16_S:-120}" --batch-size 16 --repeats 2 --methods ar,hf-ar,default ;;
+      sampled) bench sampled "${SAMPLED_S:-150}" --batch-size 8,32 --repeats 2 --temperature 0.7 \
                    --methods ar,default,fixed:suffix@8,fixed:pld ;;
-      sweep) bench sweep "${SWEEP_S:-240}" --per-domain 4 --batch-size 32,16,4,1 --repeats 2 \
+      sweep) bench sweep "${SWEEP_S:-240}" --batch-size 32,16,4,1 --repeats 2 \
                  --methods ar,length:1,length:2,length:3,length:4,banditspec-length,default,fixed:suffix@8 ;;
-      mixed) bench mixed "${MIXED_S:-150}" --per-domain 4 --batch-size 8 --repeats 2 \
+      mixed) bench mixed "${MIXED_S:-150}" --batch-size 8 --repeats 2 \
                  --methods ar,default,metasd-ucb,fixed:suffix@8,fixed:pld,fixed:generalist ;;
       queue32) bench queue32 "${QUEUE32_S:-200}" --per-domain 8 --batch-size 32 --repeats 3 \
                    --methods ar,length:2,length:4,banditspec-length,default,fixed:suffix@8 ;;
