@@ -38,7 +38,7 @@ def run(gen: Generator, prompts: list[list[int]], size: int, temperature: float,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("prompts", help="a JSONL file with an 'instruction' or 'prompt' field (self_instruct's seed tasks)")
+    parser.add_argument("prompts", help="JSONL with an 'instruction' or 'prompt' field (self_instruct's seed tasks)")
     parser.add_argument("--count", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
