@@ -50,11 +50,14 @@ def test_bank_views_match_transformers_through_crops_and_extends(tied: bool) -> 
                 assert torch.allclose(every[slot], _fresh(model, tokens, n_out), atol=TOL)
 
 
-def test_cache_grows_past_its_first_capacity() -> None:
+def test_cache_is_made_at_the_first_forward_and_grows_past_its_first_capacity() -> None:
     models = _llamas(2)
     bank = LlamaBank(models, head_dtype="float32")
-    tokens = [i % 97 for i in range(300)]  # beyond the initial 256 slots
+    assert bank.capacity == 0 and not bank.keys  # a query that never drafts with a model pays nothing
+    tokens = [i % 97 for i in range(300)]  # beyond the first 256 slots
     view = BankLM(bank, 1, models[1])
+    assert torch.allclose(view.logits(tokens[:10], 1), _fresh(models[1], tokens[:10], 1), atol=TOL)
+    assert bank.capacity == 256
     assert torch.allclose(view.logits(tokens, 2), _fresh(models[1], tokens, 2), atol=TOL)
 
 
