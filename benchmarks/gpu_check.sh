@@ -10,6 +10,8 @@
 #   sampled  B = 8, 32 at temperature 0.7: ar, the default, suffix@8, pld
 #   sweep    B = 1, 4, 16, 32: fixed lengths 1–4, banditspec-length, the default, suffix@8 (issue 15)
 #   mixed    mixed-domain B = 8 with the zoo's model drafters
+#   sweepq   B = 32, 16, 4 over 56 prompts (--per-domain 8), 2 repeats: the sweep with passes long enough
+#            to time (issue 15's adaptive length vs the best fixed one; the default vs suffix@8)
 #   queue32  B = 32 over 56 prompts (a queue: rows refilled; its --per-domain 8 overrides the 4), 3 repeats — at 28 prompts a B = 32 pass
 #            takes < 1 s on an H200 and one hiccup doubles it
 # (ZOO_CORPUS: the zoo's dev/test splits, e.g. copied from ~/.cache/draftwise/zoo-corpus/*/ into an
@@ -43,9 +45,11 @@ bench() {  # NAME LIMIT_S ARGS...: one bench into /tmp/gpu-NAME, its rows copied
                  --methods ar,length:1,length:2,length:3,length:4,banditspec-length,default,fixed:suffix@8 ;;
       mixed) bench mixed "${MIXED_S:-150}" --batch-size 8 --repeats 2 \
                  --methods ar,default,metasd-ucb,fixed:suffix@8,fixed:pld,fixed:generalist ;;
+      sweepq) bench sweepq "${SWEEPQ_S:-330}" --per-domain 8 --batch-size 32,16,4 --repeats 2 \
+                  --methods ar,length:1,length:2,length:3,length:4,banditspec-length,default,fixed:suffix@8 ;;
       queue32) bench queue32 "${QUEUE32_S:-200}" --per-domain 8 --batch-size 32 --repeats 3 \
                    --methods ar,length:2,length:4,banditspec-length,default,fixed:suffix@8 ;;
-      *) log "unknown step $step (steps: tests hf16 sampled sweep mixed queue32)" ;;
+      *) log "unknown step $step (steps: tests hf16 sampled sweep mixed sweepq queue32)" ;;
     esac
   done
   log done
