@@ -58,6 +58,7 @@ def test_cache_is_made_at_the_first_forward_and_grows_past_its_first_capacity() 
     view = BankLM(bank, 1, models[1])
     assert torch.allclose(view.logits(tokens[:10], 1), _fresh(models[1], tokens[:10], 1), atol=TOL)
     assert bank.capacity == 256
+    assert not bank.keys[0].is_inference()  # made inside a forward, yet writable outside one (a tree's moves)
     assert torch.allclose(view.logits(tokens, 2), _fresh(models[1], tokens, 2), atol=TOL)
 
 

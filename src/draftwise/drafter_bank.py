@@ -180,6 +180,10 @@ class LlamaBank:
     def _grow(self, needed: int) -> None:
         if needed <= self.capacity:
             return
+        with torch.inference_mode(False):  # plain tensors: a draft tree's moves write them outside inference mode
+            self._reallocate(needed)
+
+    def _reallocate(self, needed: int) -> None:
         capacity = max(needed, 2 * self.capacity, MIN_CAPACITY)
         shape = (self.count, self.n_kv, capacity, self.head_dim)
         keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
