@@ -13,7 +13,9 @@
 - ``METHOD~trustprior``: the load cap and width cut trust the step-cost model's prior from the first
   step, as before session 15, instead of probing until a draft token's cost is measured;
 - ``METHOD~median``: ``mean_model_cost`` (a model arm's cost per token is the median of its recent
-  rounds, as before session 16, not their mean: lanes' first plays left out).
+  rounds, as before session 16, not their mean: lanes' first plays left out);
+- ``METHOD~ownmodelcost``: each session measures a model drafter's token cost afresh, as before
+  session 17, instead of sharing it with the generator's other sessions (its step costs).
 
 A new switch is one more entry in ``SWITCHES``.
 
@@ -24,6 +26,7 @@ A new switch is one more entry in ``SWITCHES``.
 from __future__ import annotations
 
 import sys
+from collections import deque
 from typing import Any
 
 from draftwise.bench import batched
@@ -33,7 +36,8 @@ from draftwise.step_costs import StepCostModel, StepShape, length_cap
 
 SWITCHES = {"~nocut": "cut_width", "~rowprefill": "share_prefill", "~noscout": "scout_models",
             "~grow": "reserve_at_join", "~nocap": "cap_acceptance", "~nocredit": "credit_plain",
-            "~nomodels": "models", "~trustprior": "probe", "~median": "mean_model_cost"}
+            "~nomodels": "models", "~trustprior": "probe", "~median": "mean_model_cost",
+            "~ownmodelcost": "shared_model_cost"}
 _off: set[str] = set()  # the switches the running method turns off
 _init = batch.BatchEngine.__init__
 _build = batched.build_runner
@@ -52,8 +56,10 @@ class _TrustPrior(StepCostModel):
 
 def _engine_init(self: Any, *args: Any, **kwargs: Any) -> None:
     _init(self, *args, **kwargs)
-    for attribute in _off - {"models", "probe"}:
+    for attribute in _off - {"models", "probe", "shared_model_cost"}:
         setattr(self, attribute, False)
+    if "shared_model_cost" in _off:
+        self.model_token_s = deque(maxlen=self.model_token_s.maxlen)
     if "probe" in _off:
         self.costs = _TrustPrior()
         self.costs.draft_cost_known = True

@@ -393,7 +393,8 @@ def test_the_load_cap_waits_until_a_draft_token_cost_is_measured(tiny_models) ->
 
 def test_model_drafter_arms_are_blocked_where_their_tokens_cannot_pay(tiny_models) -> None:
     """Once a model drafter's tokens are known to cost more than any draft of theirs can earn at
-    this load (here: a second each), no lane plays its arm; UCB skips it, lookups stay open."""
+    this load (here: a second each), no lane plays its arm; UCB skips it, lookups stay open. The
+    cost is the generator's: its later sessions know it."""
     drafter = str(tiny_models["llama-twin"])
     gen = _generator(tiny_models, "llama-target", [drafter, "pld"], "ucb:keep=true,reward=throughput",
                      arms="llama-twin@4,pld@4,none")
@@ -407,7 +408,10 @@ def test_model_drafter_arms_are_blocked_where_their_tokens_cannot_pay(tiny_model
     assert session.engine._unaffordable(3, cap=8) == frozenset({0})  # the lookup's arm stays open
     for prompt, handle in zip(prompts, handles):
         assert_exact(gen.model, prompt, handle.result.token_ids, 16, frozenset(), "blocked model arm")
-    free = gen.batch_session(3)  # nothing measured yet: model arms are tried
+    assert gen.batch_session(3).engine._unaffordable(3, cap=8) == frozenset({0})  # the cost stays with the generator
+    fresh = _generator(tiny_models, "llama-target", [drafter, "pld"], "ucb:keep=true,reward=throughput",
+                       arms="llama-twin@4,pld@4,none")
+    free = fresh.batch_session(3)  # nothing measured yet: model arms are tried
     free_handles = [free.add(p, max_new_tokens=16, ignore_eos=True) for p in prompts]
     free.run()
     assert any(r.arm_name == "llama-twin@4" for h in free_handles for r in h.result.trace)
@@ -420,7 +424,8 @@ def test_model_drafter_arms_are_blocked_where_their_tokens_cannot_pay(tiny_model
     assert "llama-twin@4" not in arms and "pld@4" in arms and "none" in arms
     # each lane's first play routes and prefills its drafter: that spike counts (the mean), since
     # every new lane pays it again while the rows wait; the median of the plays left it out
-    spiky = gen.batch_session(1).engine
+    spiky = _generator(tiny_models, "llama-target", [drafter, "pld"], "ucb:keep=true,reward=throughput",
+                       arms="llama-twin@4,pld@4,none").batch_session(1).engine
     spiky.model_token_s.extend([0.5, 1e-6, 1e-6, 1e-6])
     assert spiky._unaffordable(1, cap=8) == frozenset({0})
     spiky.mean_model_cost = False

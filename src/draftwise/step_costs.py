@@ -53,6 +53,7 @@ IDLE_MIN_S = 0.05
 DRAFT_COST_KNOWN = 2.0
 COST_FLOOR = np.array([0.0, 1e-6, 1e-6, 0.0])
 REFIT_ALWAYS, REFIT_EVERY = 8, 8  # the fit is solved every step for the first 8, then every 8th
+MODEL_PLAYS_KEPT = 32  # recent model-arm plays a model drafter's token cost is averaged over
 PROBE_TOKENS = 64  # draft tokens of a step that measures their cost: one such step at batch 32 makes it known
 
 
@@ -93,6 +94,12 @@ class StepCostModel:
         self.coef = self.prior_mean.copy()
         self.coef_floats = tuple(float(v) for v in self.coef)
         self.draft_cost_known = False  # see DRAFT_COST_KNOWN
+        # What a model drafter's draft token costs a lane (each play's drafting ÷ its tokens, first
+        # plays included: the batched engine's ``_unaffordable``). Like the step's own costs it is a
+        # property of the drafters, the target and the device, so a Generator's sessions share it:
+        # each new session used to try the model arms again while every row waited (4–5 plays a run
+        # on an H200, 20–50 ms each against a 4 ms step).
+        self.model_token_s: deque[float] = deque(maxlen=MODEL_PLAYS_KEPT)
 
     def cap(self, requests: int, max_len: int, acceptance: float, token_s: float = 0.0) -> int:
         """:func:`length_cap` on the fitted costs — once they rest on measured drafts. A step without

@@ -47,7 +47,6 @@ import logging
 import statistics
 import sys
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -159,7 +158,6 @@ class BatchEngine:
         self.model_arms = frozenset(
             a for a, arm in enumerate(self.arms)
             if arm.drafter is not None and isinstance(self.pool.templates[arm.drafter], ModelDrafter))
-        self.model_token_s: deque[float] = deque(maxlen=32)
         self.mean_model_cost = True  # off: the median (before session 16; for A/B)
         self.drafting_arms = frozenset(a for a, arm in enumerate(self.arms) if arm.drafter is not None)
         self.longest_draft = max((arm.draft_len for arm in self.arms), default=0)
@@ -168,6 +166,7 @@ class BatchEngine:
         self.head_dtype = head_dtype
         self.prompt_fit = prompt_fit
         self.costs = costs if costs is not None else StepCostModel()  # a Generator's sessions share theirs
+        self.model_token_s = self.costs.model_token_s  # shared with the costs (see StepCostModel)
         self.lanes: list[Lane] = []
         self.timing = BatchTiming()
         self.batch_records: list[RoundRecord] = []  # decide="batch": the batch learner's rounds
