@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -87,3 +88,15 @@ def context_limit(model: Any) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     return None
+
+
+def freeze_loaded_objects() -> None:
+    """Put everything made so far (imported modules, loaded models and tokenizers: ≈ 400,000 objects
+    in a bench process) out of reach of Python's cyclic garbage collector, which otherwise walks
+    them all in each full collection — ≈ 0.25 s on this CPU, landing in whichever timed run or
+    served request is going at the time. Objects made later are collected as usual; the frozen
+    ones stay until the process ends. For processes that load once and then run: the CLI's
+    ``bench`` and ``serve`` (a library user may call it after building a Generator).
+    """
+    gc.collect()
+    gc.freeze()

@@ -234,13 +234,15 @@ def jsonable(value: Any) -> Any:
 
 def load_workbench(config: BenchConfig, router: Any = None) -> Workbench:
     from draftwise.drafters import build_drafters
-    from draftwise.loading import LoadOptions, load_causal_lm
+    from draftwise.loading import LoadOptions, freeze_loaded_objects, load_causal_lm
 
     options = LoadOptions(device=config.device, dtype=config.dtype)
     model, tokenizer = load_causal_lm(config.target, options)
     pool = build_drafters(list(config.drafters), model, tokenizer, options)
-    return Workbench(model, tokenizer, pool, config.draft_len, config.seed, drafter_domains(pool), router,
-                     config.sampling)
+    bench = Workbench(model, tokenizer, pool, config.draft_len, config.seed, drafter_domains(pool), router,
+                      config.sampling)
+    freeze_loaded_objects()  # no full garbage collection walks the models mid-run
+    return bench
 
 
 def drafter_domains(pool: Sequence[Any]) -> dict[str, tuple[str, ...]]:

@@ -41,6 +41,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from draftwise.api import DEFAULT_POLICY, check_seed
+    from draftwise.loading import freeze_loaded_objects
 
     # Everything the user typed is checked before the models load.
     check_seed(args.seed, "--seed")
@@ -66,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     sock = _bind(args.host, args.port)  # before loading: a port in use is a clear error, not a late crash
 
     gen = load_generator(args)
+    freeze_loaded_objects()  # full garbage collections would walk the models while requests wait
     policy = args.policy or DEFAULT_POLICY
     if saved is not None:
         apply_state(saved, args.state, gen.policy, policy)
