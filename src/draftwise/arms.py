@@ -11,7 +11,8 @@ Layouts (``--arms``):
   model drafters (which one is picked per query by how well each predicts the prompt), and no
   speculation; made for the ``ctx-ucb`` policy (the default);
 * an explicit list ``code@6+svip,pld@3,none`` (``DRAFTER[@LEN][+RULE]``; ``auto@4`` is the routed arm;
-  ``pld|suffix@8`` is a union of lookups: each proposes, one trie of their drafts is verified).
+  ``pld|suffix@8`` is a union of lookups: each proposes, one trie of their drafts is verified;
+  ``suffix/pld@8`` a pick: each proposes, the longest draft is verified — ties to the first).
 """
 
 from __future__ import annotations
@@ -43,7 +44,14 @@ class Arm:
     route: tuple[int, ...] = ()
     # A union arm (``pld|suffix@8``): these lookups propose too, and their drafts are merged with
     # the first drafter's into one trie (draftwise.tree.union_of), verified in the same forward.
+    # A pick arm (``suffix/pld@8``, ``pick``): they propose too, and the longest draft is verified.
     also: tuple[int, ...] = ()
+    pick: bool = False
+
+    @property
+    def lookups(self) -> tuple[int, ...]:
+        """The drafters that propose when this arm plays (several for a union or a pick)."""
+        return () if self.drafter is None else (self.drafter, *self.also)
 
 
 @dataclass(frozen=True)
@@ -170,7 +178,7 @@ def parse_arm(text: str, drafters: Sequence[Drafter], settings: ArmSettings) -> 
 
     >>> from draftwise.drafters import PromptLookupDrafter
     >>> parse_arm("pld@3", [PromptLookupDrafter()], ArmSettings())
-    Arm(name='pld@3', drafter=0, draft_len=3, stop=None, route=(), also=())
+    Arm(name='pld@3', drafter=0, draft_len=3, stop=None, route=(), also=(), pick=False)
     """
     if text == NONE:
         return Arm(NONE, None, 0)
@@ -184,10 +192,12 @@ def parse_arm(text: str, drafters: Sequence[Drafter], settings: ArmSettings) -> 
         if routed is None or length < 1:
             raise DraftwiseError(f"arm {text!r}: the routed arm needs a model drafter in the pool and a length ≥ 1")
         return routed
-    if "|" in name:
-        if plus:
-            raise DraftwiseError(f"arm {text!r}: stopping rules apply to model drafters, not to a union of lookups")
-        return _union_arm(text, name, length_text if at else None, drafters, settings)
+    for sign, kind in JOINS.items():
+        if sign in name:
+            if plus:
+                raise DraftwiseError(
+                    f"arm {text!r}: stopping rules apply to model drafters, not to a {kind} of lookups")
+            return _joined_arm(text, name, sign, length_text if at else None, drafters, settings)
     index = _find(drafters, name)
     if index is None:
         raise DraftwiseError(f"arm {text!r}: no drafter {name!r}; drafters are: {', '.join(d.name for d in drafters)}")
@@ -204,20 +214,25 @@ def parse_arm(text: str, drafters: Sequence[Drafter], settings: ArmSettings) -> 
     return Arm(text, index, length, stop if plus else None)
 
 
-def _union_arm(text: str, names: str, length_text: str | None, drafters: Sequence[Drafter],
-               settings: ArmSettings) -> Arm:
-    """``pld|suffix@8``: lookups (point masses) only — a model drafter's draft is a distribution."""
+JOINS = {"|": "union", "/": "pick"}  # how an arm joins several lookups: one trie of them all, or the longest
+
+
+def _joined_arm(text: str, names: str, sign: str, length_text: str | None, drafters: Sequence[Drafter],
+                settings: ArmSettings) -> Arm:
+    """``pld|suffix@8`` (a union) or ``suffix/pld@8`` (a pick): lookups (point masses) only — a
+    model drafter's draft is a distribution."""
+    kind = JOINS[sign]
     indices = []
-    for name in names.split("|"):
+    for name in names.split(sign):
         index = _find(drafters, name)
         if index is None or isinstance(drafters[index], ModelDrafter):
             lookups = ", ".join(d.name for d in drafters if not isinstance(d, ModelDrafter)) or "none"
-            raise DraftwiseError(f"arm {text!r}: a union joins lookup drafters in the pool ({lookups}), not {name!r}")
+            raise DraftwiseError(f"arm {text!r}: a {kind} joins lookup drafters in the pool ({lookups}), not {name!r}")
         indices.append(index)
     length = _length(text, length_text, settings.draft_len)
     if length < 1 or len(set(indices)) != len(indices):
-        raise DraftwiseError(f"arm {text!r}: a union needs distinct lookups and a length ≥ 1")
-    return Arm(text, indices[0], length, None, also=tuple(indices[1:]))
+        raise DraftwiseError(f"arm {text!r}: a {kind} needs distinct lookups and a length ≥ 1")
+    return Arm(text, indices[0], length, None, also=tuple(indices[1:]), pick=kind == "pick")
 
 
 def _length(text: str, length_text: str | None, default: int) -> int:

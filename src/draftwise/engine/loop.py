@@ -286,9 +286,9 @@ class Engine:
         return self.none_arm if arm in self.policy.blocked and self.none_arm is not None else arm
 
     def _lookup_budget(self, query: QueryState, drafter: int) -> int:
-        """The budget a context check proposes at: that of the first plain arm drafting with this
-        lookup (so its draft can be reused), else one token."""
-        arm = next((a for a in self.arms if a.drafter == drafter and a.stop is None and not a.also), None)
+        """The budget a context check proposes at: that of the first plain or pick arm drafting with
+        this lookup (so its draft can be reused), else one token."""
+        arm = next((a for a in self.arms if drafter in a.lookups and a.stop is None and (a.pick or not a.also)), None)
         return max(1, self._budget(query, arm)) if arm is not None else 1
 
     def _budget(self, query: QueryState, arm: Arm) -> int:
@@ -308,13 +308,20 @@ class Engine:
         known = proposed.get((drafter, budget)) if proposed and query.rules[arm_index] is None else None
         draft = known if known is not None else self.drafters[drafter].propose(
             query.context, budget, query.dctx, query.rules[arm_index])
-        if arm.also:  # a union of lookups: one trie of every proposal
-            draft = union_of([draft, *(self.drafters[i].propose(query.context, budget, query.dctx) for i in arm.also)])
+        if arm.also:  # several lookups: the longest draft (a pick; ties to the first) or a trie of them all
+            drafts = [draft, *(self._lookup(query, i, budget, proposed) for i in arm.also)]
+            draft = max(drafts, key=lambda d: len(d.tokens)) if arm.pick else union_of(drafts)
         if draft.parents is not None:  # a tree: its depth (the accepted length) is what the budget bounds
             return fit_tree(draft, budget), budget
         if len(draft.tokens) > budget:  # a drafter must not exceed its budget; trim defensively
             draft = Draft(draft.tokens[:budget], None if draft.probs is None else draft.probs[:budget])
         return draft, budget
+
+    def _lookup(self, query: QueryState, drafter: int, budget: int,
+                proposed: dict[tuple[int, int], Draft] | None) -> Draft:
+        """A lookup's draft at ``budget``: the context check's when it proposed at that budget."""
+        known = proposed.get((drafter, budget)) if proposed else None
+        return known if known is not None else self.drafters[drafter].propose(query.context, budget, query.dctx)
 
     def _screen(self, query: QueryState, draft: Draft) -> tuple[Draft, list[float] | None]:
         """2b. under coupled sampling, cut a point-mass chain (a lookup's) before the tokens its own

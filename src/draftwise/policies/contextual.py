@@ -170,8 +170,9 @@ class ContextualUCBPolicy(UCBPolicy):
 
     @functools.cached_property
     def arm_drafters(self) -> list[set[str]]:
-        """Each arm's drafters: ``pld@8`` → {pld}; a union ``pld|suffix@8`` → {pld, suffix}."""
-        return [set(arm.split("@")[0].split("+")[0].split("|")) for arm in self.arms]
+        """Each arm's drafters: ``pld@8`` → {pld}; a union ``pld|suffix@8`` or a pick ``suffix/pld@8``
+        → {pld, suffix}."""
+        return [set(arm.split("@")[0].split("+")[0].replace("/", "|").split("|")) for arm in self.arms]
 
     @functools.cached_property
     def model_arms(self) -> list[int]:
