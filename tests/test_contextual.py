@@ -177,8 +177,9 @@ def test_cascade_layout_and_the_routed_arm_parse(pool) -> None:
     _, _, make = pool
     drafters = make()
     arms = build_arms("cascade", drafters, ArmSettings(draft_len=3))
-    assert [a.name for a in arms] == ["suffix@6", "auto@3", "none"]  # suffix leads where it is in the pool
-    assert arms[1].route == (2, 3)
+    assert [a.name for a in arms] == ["suffix/pld@6", "auto@3", "none"]  # both lookups: a pick, suffix first
+    assert arms[0].pick and arms[0].lookups == (1, 0) and arms[1].route == (2, 3)
+    assert build_arms("cascade", drafters, ArmSettings(drafter="suffix"))[0].name == "suffix@8"
     assert build_arms("cascade", drafters, ArmSettings(drafter="pld"))[0].name == "pld@8"
     assert build_arms("cascade", [d for d in drafters if d.name != "suffix"], ArmSettings())[0].name == "pld@8"
     explicit = build_arms("auto@5,pld@2,none", drafters, ArmSettings())
@@ -201,6 +202,37 @@ def test_cascade_layout_and_the_routed_arm_parse(pool) -> None:
     # the rule prior reads a union as a lookup arm: it leads where one of its lookups proposes
     policy = make_policy("ctx-ucb:on=pld+suffix", ["pld|suffix@8", "auto@4", "none"], np.random.default_rng(0))
     assert policy.leader((False, True)) == 0 and policy.leader((False, False)) == 2
+    pick = build_arms("suffix/pld@8,none", drafters, ArmSettings())[0]
+    assert (pick.drafter, pick.also, pick.pick, pick.lookups) == (1, (0,), True, (1, 0))
+    assert not union[0].pick
+    with pytest.raises(DraftwiseError, match="a pick joins lookup drafters"):
+        build_arms(f"suffix/{drafters[2].name}@4", drafters, ArmSettings())
+    with pytest.raises(DraftwiseError, match="not to a pick"):
+        build_arms("suffix/pld@4+svip", drafters, ArmSettings())
+    picked = make_policy("ctx-ucb:on=suffix+pld", ["suffix/pld@8", "auto@4", "none"], np.random.default_rng(0))
+    assert picked.leader((False, True)) == 0 and picked.leader((False, False)) == 2
+
+
+def test_a_pick_arm_verifies_the_longest_of_its_lookups_drafts(pool) -> None:
+    model, tokenizer, make = pool
+    drafters = [d for d in make() if d.name in ("suffix", "pld")]
+    lengths: list[tuple[str, int]] = []
+    for drafter in drafters:
+        original = drafter.propose
+
+        def spy(context, max_len, ctx, stop=None, _original=original, _name=drafter.name):
+            draft = _original(context, max_len, ctx, stop)
+            lengths.append((_name, len(draft.tokens)))
+            return draft
+
+        drafter.propose = spy
+    gen = Generator(model, tokenizer, drafters, policy="fixed", arms="suffix/pld@8")
+    motif = [5, 9, 13, 7, 11, 3]
+    result = gen.generate(motif * 4 + [5, 9], max_new_tokens=30, ignore_eos=True)
+    rounds = [dict(lengths[i : i + 2]) for i in range(0, len(lengths), 2)]  # the last round has no budget
+    assert len(rounds) == result.stats.rounds - 1 and all(set(r) == {"suffix", "pld"} for r in rounds)
+    assert [r.drafted for r in result.trace[:-1]] == [max(r.values()) for r in rounds]
+    assert any(r["pld"] > r["suffix"] for r in rounds) or any(r["suffix"] > r["pld"] for r in rounds)
 
 
 def test_routed_arm_drafts_with_the_drafter_that_predicts_the_prompt(pool) -> None:
@@ -210,7 +242,7 @@ def test_routed_arm_drafts_with_the_drafter_that_predicts_the_prompt(pool) -> No
         seed_prompt, max_new_tokens=40, ignore_eos=True)
     # the default arms (cascade); the prior leads with the routed arm where the lookup has no match
     gen = Generator(model, tokenizer, make(), policy="ctx-ucb:fallback=model")
-    assert [a.name for a in gen.arms] == ["suffix@8", "auto@4", "none"]
+    assert [a.name for a in gen.arms] == ["suffix/pld@8", "auto@4", "none"]
     result = gen.generate(seed_prompt + written.token_ids, max_new_tokens=30, ignore_eos=True)
     routed = {r.arm_name for r in result.trace if r.arm_name.startswith("auto")}
     assert routed == {"auto@4=llama-twin"}  # the target's twin predicts a prompt the target wrote
@@ -229,11 +261,11 @@ def test_engine_tells_the_policy_whether_its_lookup_matches(pool, monkeypatch) -
     monkeypatch.setattr(ContextualUCBPolicy, "set_context", spy)
     model, tokenizer, make = pool
     gen = Generator(model, tokenizer, make(), policy="ctx-ucb")
-    assert gen.policy.context_on == ("suffix",)  # the cascade's lookup is what the context watches
+    assert gen.policy.context_on == ("suffix", "pld")  # the cascade's lookups (a pick) are what the context watches
     novel = list(range(2, 20))  # no repeated n-gram at first: no lookup has anything to propose
     result = gen.generate(novel, max_new_tokens=40, ignore_eos=True)
     assert len(seen) == result.stats.rounds
-    assert seen[0] == (False,)
+    assert seen[0] == (False, False)
     no_suffix = Generator(model, tokenizer, [d for d in make() if d.name != "suffix"], policy="ctx-ucb")
     assert no_suffix.policy.context_on == ("pld",) and no_suffix.arms[0].name == "pld@8"
     listed = Generator(model, tokenizer, make(), policy="ctx-ucb", arms="pld@8,suffix@8,auto@4,none")

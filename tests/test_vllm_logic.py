@@ -131,6 +131,7 @@ def test_bad_options_fail_with_one_clear_error(value, words):
     (ProposerOptions(drafters=("pdl",)), "unknown drafter"),
     (ProposerOptions(arms="pld@12,none"), "num_speculative_tokens"),
     (ProposerOptions(policy="hedgespec"), "full-information"),
+    (ProposerOptions(arms="pld|suffix@8,none"), "a union drafts a tree"),
 ])
 def test_bad_setups_fail_at_start_up(options, words):
     with pytest.raises(DraftwiseError, match=words):
@@ -220,6 +221,34 @@ def test_requests_start_learn_and_finish(with_view, shuffle, tmp_path):
         assert line["mat"] >= 1.0 and line["new_tokens"] >= 48 and set(line["pulls"]) <= {"pld@8", "suffix@8", "none"}
     assert sum(line["accepted"] for line in lines) > 0
     assert rate > plain_rate(4, n_req=8)
+
+
+def test_a_pick_arm_drafts_the_longest_lookup_draft(tmp_path):
+    core, clock = make(ProposerOptions(arms="suffix/pld@8,none", log_requests=False))
+    assert core.arms[0].pick and core.learner.context_on == ("suffix", "pld")
+    lengths = []
+    original = core._propose
+
+    def spy(state, index, length, stop=None):
+        tokens = original(state, index, length, stop)
+        lengths.append((index, len(tokens)))
+        return tokens
+
+    core._propose = spy
+    drafted = []
+    original_draft = core._draft
+
+    def draft_spy(state, bucket, cap):
+        lengths.clear()
+        tokens = original_draft(state, bucket, cap)
+        if state.pending is not None and state.pending.arm == 0:
+            drafted.append((len(tokens), max(n for _, n in lengths)))
+        return tokens
+
+    core._draft = draft_spy
+    rate, outputs = serve(core, clock, batch=2, n_req=4)
+    assert len(outputs) == 4 and drafted and all(got == longest for got, longest in drafted)
+    assert rate > plain_rate(2, n_req=4)
 
 
 def test_suffix_store_is_shared_across_requests():

@@ -121,11 +121,15 @@ def routed_arm(drafters: Sequence[Drafter], length: int, stop: str | None = None
 
 @LAYOUTS.register("cascade")
 def cascade_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm]:
-    """One lookup drafter (``arm_drafter``, else ``suffix``, else ``pld``, else the first lookup) at
-    twice the draft length — proposing costs nothing and, on CPU targets, verifying 8 tokens costs
-    little more than 2 — the routed model arm, and no speculation. More lookup arms measured slower
-    (NOTES.md); suffix leads because its trie holds the prompt *and* earlier answers, and its
-    drafts were longer on prompts the project never tuned on (BENCHMARKS.md, issue 17)."""
+    """The lookup at twice the draft length — proposing costs nothing and, on CPU targets,
+    verifying 8 tokens costs little more than 2 — the routed model arm, and no speculation.
+
+    The lookup is ``arm_drafter`` when given; else, with both in the pool, a pick of ``suffix``
+    and ``pld`` (each proposes, the longer draft is verified): +3–5 % over suffix alone on the dev
+    split and on self_instruct, greedy and at T 0.7 (BENCHMARKS.md, "Session 17"); else ``suffix``,
+    else ``pld``, else the first lookup. More lookup *arms* measured slower (NOTES.md); suffix leads
+    because its trie holds the prompt *and* earlier answers, and its drafts were longer on prompts
+    the project never tuned on (BENCHMARKS.md, issue 17)."""
     lookups = [i for i, d in enumerate(drafters) if not isinstance(d, ModelDrafter)]
     names = [drafters[i].name for i in lookups]
     preferred = [n for n in CASCADE_LOOKUPS if n in names]
@@ -134,8 +138,12 @@ def cascade_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm
         raise DraftwiseError(
             f"no lookup drafter {wanted!r} for the cascade layout; lookups: {', '.join(names) or 'none'}")
     arms = []
-    if wanted is not None:
-        arms.append(Arm(f"{wanted}@{2 * settings.draft_len}", lookups[names.index(wanted)], 2 * settings.draft_len))
+    length = 2 * settings.draft_len
+    if settings.drafter is None and len(preferred) == len(CASCADE_LOOKUPS):
+        picked = [lookups[names.index(n)] for n in preferred]
+        arms.append(Arm(f"{'/'.join(preferred)}@{length}", picked[0], length, also=tuple(picked[1:]), pick=True))
+    elif wanted is not None:
+        arms.append(Arm(f"{wanted}@{length}", lookups[names.index(wanted)], length))
     routed = routed_arm(drafters, settings.draft_len)
     return arms + ([routed] if routed else []) + [Arm(NONE, None, 0)]
 

@@ -299,12 +299,11 @@ class ProposerCore:
         arm = self.arms[arm_index]
         tokens: list[int] = []
         if arm.drafter is not None:
-            index = state.routes.get(arm_index, arm.drafter)
             length = min(arm.draft_len, budget)
-            if index in proposals and arm.stop is None:
-                tokens = proposals[index][:length]
-            else:
-                tokens = self._propose(state, index, length, state.stops[arm_index])
+            drafts = [proposals[i][:length] if i in proposals and arm.stop is None
+                      else self._propose(state, i, length, state.stops[arm_index])
+                      for i in (state.routes.get(arm_index, arm.drafter), *arm.also)]
+            tokens = max(drafts, key=len)  # a pick arm's longest draft (ties: the first); else its one
         state.pulls[arm.name] += 1
         state.pending = Pending(arm_index, arm.name, min(arm.draft_len, budget), len(tokens), self.clock() - start, key)
         return tokens

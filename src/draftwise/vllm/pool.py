@@ -66,6 +66,10 @@ def make_arms(layout: str, drafters: Sequence[Drafter], draft_len: int) -> list[
     """Arms for ``layout``, every draft length capped at vLLM's ``num_speculative_tokens``."""
     settings = ArmSettings(draft_len=draft_len, max_draft=draft_len)
     arms = build_arms(layout, drafters, settings)
+    unions = [a.name for a in arms if a.also and not a.pick]
+    if unions:
+        raise DraftwiseError(f"arms {', '.join(unions)}: a union drafts a tree, which vLLM does not verify; "
+                             "a pick (suffix/pld@K: the longest of the lookups' drafts) is a chain")
     too_long = [a.name for a in arms if a.draft_len > draft_len]
     if too_long:
         raise DraftwiseError(f"arms {', '.join(too_long)} draft more than num_speculative_tokens={draft_len}; "
