@@ -47,5 +47,6 @@ def test_generate_defaults_to_the_embedded_zoo(capsys) -> None:
     code = main(["generate", "--max-new-tokens", "24", "--json", PROMPTS[0]])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["stats"]["new_tokens"] > 0
-    drafters = {name.split("=")[-1].split("@")[0] for name in out["stats"]["pulls"]}  # auto@4=code → code
+    # auto@4=code → code; the pick suffix/pld@8 → suffix, pld
+    drafters = {d for name in out["stats"]["pulls"] for d in name.split("=")[-1].split("@")[0].split("/")}
     assert drafters <= {*load.zoo_drafter_names(), "pld", "suffix", "none"}
