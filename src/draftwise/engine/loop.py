@@ -305,11 +305,11 @@ class Engine:
         drafter = query.arm_drafter[arm_index]
         if drafter is None or budget <= 0:
             return Draft([]), budget
-        known = proposed.get((drafter, budget)) if proposed and query.rules[arm_index] is None else None
-        draft = known if known is not None else self.drafters[drafter].propose(
-            query.context, budget, query.dctx, query.rules[arm_index])
+        rule = query.rules[arm_index]
+        draft = self._plain_draft(query, drafter, budget, proposed) if rule is None else \
+            self.drafters[drafter].propose(query.context, budget, query.dctx, rule)
         if arm.also:  # several lookups: the longest draft (a pick; ties to the first) or a trie of them all
-            drafts = [draft, *(self._lookup(query, i, budget, proposed) for i in arm.also)]
+            drafts = [draft, *(self._plain_draft(query, i, budget, proposed) for i in arm.also)]
             draft = max(drafts, key=lambda d: len(d.tokens)) if arm.pick else union_of(drafts)
         if draft.parents is not None:  # a tree: its depth (the accepted length) is what the budget bounds
             return fit_tree(draft, budget), budget
@@ -317,9 +317,10 @@ class Engine:
             draft = Draft(draft.tokens[:budget], None if draft.probs is None else draft.probs[:budget])
         return draft, budget
 
-    def _lookup(self, query: QueryState, drafter: int, budget: int,
-                proposed: dict[tuple[int, int], Draft] | None) -> Draft:
-        """A lookup's draft at ``budget``: the context check's when it proposed at that budget."""
+    def _plain_draft(self, query: QueryState, drafter: int, budget: int,
+                     proposed: dict[tuple[int, int], Draft] | None) -> Draft:
+        """A drafter's draft at ``budget`` without a stopping rule: the context check's when that
+        lookup proposed at this budget (lookups are deterministic: the same draft)."""
         known = proposed.get((drafter, budget)) if proposed else None
         return known if known is not None else self.drafters[drafter].propose(query.context, budget, query.dctx)
 
