@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,35 @@ PROMPTS = [
 ]
 
 
-def run_engine(tmp: Path, name: str, jobs: list[dict], spec: dict | None = None, draftwise: dict | None = None) -> dict:
-    """Start one engine in a subprocess, run ``jobs`` (tests_vllm/engine_run.py), return its outputs."""
+AT_ONCE = 2  # engines run side by side, one per core: each spends most of its ≈ 50 s starting up
+
+
+def run_engines(tmp: Path, engines: dict[str, tuple[list[dict], dict | None, dict | None]]) -> dict[str, dict]:
+    """Run one engine per entry ``name: (jobs, spec, draftwise options)``, each in a subprocess
+    (tests_vllm/engine_run.py) whose model worker is bound to a core of its own (vLLM's
+    ``VLLM_CPU_OMP_THREADS_BIND``; left alone, every engine binds core 0), ``AT_ONCE`` at a time in
+    the order given; returns their outputs by name."""
+    waiting, running, out = list(engines), {}, {}
+    deadline = time.time() + 600 * len(engines)
+    while waiting or running:
+        for core in set(range(AT_ONCE)) - set(running):
+            if waiting:
+                name = waiting.pop(0)
+                running[core] = (name, _start_engine(tmp, name, *engines[name], core=core))
+        for core, (name, process) in list(running.items()):
+            if process.poll() is not None:
+                out[name] = _finished(tmp, name, process)
+                del running[core]
+        if time.time() > deadline:
+            for _, process in running.values():
+                process.kill()
+            raise AssertionError(f"vLLM engines still running after {600 * len(engines)} s: {sorted(running)}")
+        time.sleep(0.5)
+    return out
+
+
+def _start_engine(tmp: Path, name: str, jobs: list[dict], spec: dict | None, draftwise: dict | None,
+                  core: int) -> subprocess.Popen:
     jobs_file, out = tmp / f"{name}.jobs.json", tmp / f"{name}.out.json"
     jobs_file.write_text(json.dumps(jobs))
     command = [sys.executable, str(HERE / "engine_run.py"), str(out), "--jobs", str(jobs_file)]
@@ -43,8 +71,11 @@ def run_engine(tmp: Path, name: str, jobs: list[dict], spec: dict | None = None,
         command += ["--spec", json.dumps(spec)]
     if draftwise is not None:
         command += ["--draftwise", json.dumps(draftwise)]
-    done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env={**os.environ, "VLLM_LOGGING_LEVEL": "INFO"}, timeout=600)
-    (tmp / f"{name}.log").write_text(done.stdout)
-    assert done.returncode == 0, done.stdout[-4000:]
-    return json.loads(out.read_text())
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "INFO", "VLLM_CPU_OMP_THREADS_BIND": str(core % (os.cpu_count() or 1))}
+    with open(tmp / f"{name}.log", "w") as log:
+        return subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def _finished(tmp: Path, name: str, process: subprocess.Popen) -> dict:
+    assert process.returncode == 0, (tmp / f"{name}.log").read_text()[-4000:]
+    return json.loads((tmp / f"{name}.out.json").read_text())

@@ -8,7 +8,7 @@ import json
 from collections import Counter
 
 import pytest
-from conftest import DRAFTWISE_SPEC, PROMPTS, run_engine
+from conftest import DRAFTWISE_SPEC, PROMPTS, run_engines
 
 GREEDY = [
     {"name": "batch1", "prompts": PROMPTS[:3], "batch": 1, "max_tokens": 48},
@@ -39,11 +39,13 @@ SAMPLER = {"policy": "fixed:arm=suffix@8", "cap_acceptance": 0}
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("engines")
-    out = {"none": run_engine(tmp, "none", GREEDY + SAMPLED)}
+    engines = {"none": (GREEDY + SAMPLED, None, None)}
     for name, config in [*CONFIGS.items(), ("sampler", SAMPLER)]:
         jobs = SAMPLED[:1] if name == "sampler" else GREEDY
+        engines[name] = (jobs, DRAFTWISE_SPEC, {**config, "stats_file": str(tmp / f"{name}.stats.jsonl")})
+    out = run_engines(tmp, engines)
+    for name in engines:
         stats = tmp / f"{name}.stats.jsonl"
-        out[name] = run_engine(tmp, name, jobs, DRAFTWISE_SPEC, {**config, "stats_file": str(stats)})
         out[name]["stats"] = [json.loads(line) for line in stats.read_text().splitlines()] if stats.exists() else []
     return out
 

@@ -30,8 +30,29 @@ def free_port() -> int:
 
 
 @contextmanager
-def server(log: Path, spec: dict | None = None, env: dict | None = None):
-    """A ``vllm serve`` process on 127.0.0.1, stopped (SIGINT, then its process group) afterwards."""
+def servers(*launches: tuple[Path, dict | None, dict | None]):
+    """``vllm serve`` processes on 127.0.0.1, one per ``(log, spec, env)``, started together (each
+    spends most of a minute starting up) with their model workers on cores of their own (left
+    alone, every server binds core 0), stopped (SIGINT, then the process group) afterwards; yields
+    their base URLs."""
+    processes = [_launch(log, spec, {**(env or {}), "VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))})
+                 for i, (log, spec, env) in enumerate(launches)]
+    try:
+        for (process, base), (log, _, _) in zip(processes, launches):
+            _wait_healthy(process, base, log)
+        yield [base for _, base in processes]
+    finally:
+        for process, _ in processes:
+            process.send_signal(signal.SIGINT)
+        for process, _ in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def _launch(log: Path, spec: dict | None, env: dict) -> tuple[subprocess.Popen, str]:
     from draftwise.zoo import resolve_zoo_name
 
     port = free_port()
@@ -46,26 +67,20 @@ def server(log: Path, spec: dict | None = None, env: dict | None = None):
         command += ["--speculative-config", json.dumps(spec)]
     with open(log, "w") as out:
         process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **(env or {})}, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 300
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2):
-                    break
-            except OSError:
-                if process.poll() is not None or time.time() > deadline:
-                    raise AssertionError("vllm serve did not start:\n" + log.read_text()[-4000:]) from None
-                time.sleep(1)
-        yield base
-    finally:
-        process.send_signal(signal.SIGINT)
+                                   env={**os.environ, **env}, start_new_session=True)
+    return process, f"http://127.0.0.1:{port}"
+
+
+def _wait_healthy(process: subprocess.Popen, base: str, log: Path) -> None:
+    deadline = time.time() + 300
+    while True:
         try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            with urllib.request.urlopen(base + "/health", timeout=2):
+                return
+        except OSError:
+            if process.poll() is not None or time.time() > deadline:
+                raise AssertionError("vllm serve did not start:\n" + log.read_text()[-4000:]) from None
+            time.sleep(1)
 
 
 def metrics(base: str) -> dict[str, float]:
@@ -101,11 +116,10 @@ def query(base: str) -> dict[str, list[str]]:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
-    with server(tmp / "plain.log") as base:
-        plain = query(base)
     stats = tmp / "stats.jsonl"
     env = {"DRAFTWISE_VLLM_CONFIG": json.dumps({"stats_file": str(stats)})}
-    with server(tmp / "draftwise.log", DRAFTWISE_SPEC, env) as base:
+    with servers((tmp / "plain.log", None, None), (tmp / "draftwise.log", DRAFTWISE_SPEC, env)) as (plain_base, base):
+        plain = query(plain_base)
         before = metrics(base)
         ours = query(base)
         after = metrics(base)
