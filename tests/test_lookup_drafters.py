@@ -124,6 +124,33 @@ def test_suffix_drafter_drafts_the_best_scoring_match_in_either_trie() -> None:
             drafter.end_query(tokens, len(prompt))
 
 
+def test_under_coupled_sampling_the_suffix_draft_branches_where_the_targets_noise_leads() -> None:
+    """At a node with several continuations the coupled draft follows the Gumbel-max of their counts
+    with the noise the target's own draw uses at that position (a point mass where it has one child)."""
+    import math
+
+    from draftwise.coupling import PositionNoise, gumbel_value
+    from draftwise.drafters.base import DraftContext
+    from draftwise.drafters.suffix import SuffixDrafter
+    from draftwise.verify import Sampling
+
+    # "1 2" is followed by 3 three times and by 4 once, then "1 2" again: the draft's first token
+    # is a choice between 3 (count 3) and 4 (count 1)
+    prompt = [1, 2, 3, 9, 1, 2, 3, 8, 1, 2, 3, 7, 1, 2, 4, 6, 1, 2]
+    greedy = DraftContext(Sampling())
+    assert SuffixDrafter().propose(prompt, 1, greedy).tokens == [3]
+    picked = {}
+    for seed in range(40):
+        ctx = DraftContext(Sampling(temperature=1.0), noise=PositionNoise(seed, "cpu"), position=len(prompt))
+        first = SuffixDrafter(min_prob=0.0).propose(prompt, 1, ctx).tokens[0]
+        scores = {t: math.log(c) + gumbel_value(seed, len(prompt), t) for t, c in ((3, 3), (4, 1))}
+        assert first == max(scores, key=scores.__getitem__)
+        assert SuffixDrafter(min_prob=0.0, coupled=False).propose(prompt, 1, ctx).tokens == [3]
+        picked[first] = picked.get(first, 0) + 1
+    assert set(picked) == {3, 4}  # the noise does choose, and mostly the frequent one
+    assert picked[3] > picked[4]
+
+
 def test_a_long_repetition_drafts_the_whole_budget() -> None:
     """The deepest match of a repeated passage sits near the trie's depth with ≈ 1 token below it;
     a shorter match of the same passage drafts the full budget, and scoring finds it."""

@@ -16,9 +16,10 @@ says less than a shorter one seen often.
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ ROOT_NODE: Node = 0
 NO_CHILD = -1
 _SHIFT = 32  # an edge's key: parent << 32 | token (token ids are below 2**32)
 _PAST = 1 << 16  # a point `extra` tokens past node n: −1 − (n · 2**16 + extra)
+NoiseOf = Callable[[int, int], float]  # (draft step, token) → that token's coupled noise there
 
 
 @dataclass
@@ -269,10 +271,14 @@ class SuffixTrie:
                 return None
         return loc
 
-    def scored_path(self, loc: Location, max_len: int, min_prob: float) -> tuple[list[int], float]:
+    def scored_path(self, loc: Location, max_len: int, min_prob: float,
+                    noise: NoiseOf | None = None) -> tuple[list[int], float]:
         """Follow the most frequent child while the path's probability (Π child.count / node.count)
         stays ≥ ``min_prob``: the tokens and their summed probabilities (the draft's score).
         Below a count-1 node every step has probability 1: the rest of its one occurrence.
+        Given ``noise`` (coupled sampling), a node with several children follows the Gumbel-max of
+        their counts with the noise the target's draw will use at that step
+        (:meth:`coupled_child`), not the most frequent.
 
         >>> trie = SuffixTrie(4)
         >>> trie.add_sequence([1, 2, 3, 1, 2, 4, 1])  # "1 2" twice: then 3 once, 4 once
@@ -284,7 +290,7 @@ class SuffixTrie:
         tokens: list[int] = []
         prob, score = 1.0, 0.0
         while extra == 0 and count[node] != 1 and len(tokens) < max_len:
-            child = best[node]
+            child = best[node] if noise is None else self.coupled_child(node, len(tokens), noise)
             if child == NO_CHILD:
                 return tokens, score
             prob *= count[child] / count[node]
@@ -301,6 +307,21 @@ class SuffixTrie:
             score += prob * len(rest)
         return tokens, score
 
+    def coupled_child(self, node: Node, step: int, noise: NoiseOf) -> Node:
+        """The child x maximising log count(x) + g(x): a draw from the counts' distribution coupled
+        with the target's own draw at this step, so the draft goes where the target's noise leads
+        wherever the counts resemble the target's distribution (an only child: no noise read)."""
+        child = self.first[node]
+        if child == NO_CHILD or self.sibling[child] == NO_CHILD:
+            return child
+        best, best_score = NO_CHILD, -math.inf
+        while child != NO_CHILD:
+            score = math.log(self.count[child]) + noise(step, self.token[child])
+            if score > best_score:
+                best, best_score = child, score
+            child = self.sibling[child]
+        return best
+
 
 @dataclass
 class Candidate:
@@ -314,7 +335,7 @@ class Candidate:
 
 
 def best_candidate(trie: SuffixTrie, nodes: Sequence[Location], max_len: int, factor: float, min_prob: float,
-                   best: Candidate | None = None) -> Candidate:
+                   best: Candidate | None = None, noise: NoiseOf | None = None) -> Candidate:
     """Score a draft from every match in ``nodes`` (``nodes[m-1]``: the context's last m tokens),
     longest first, and keep the best (ties: the one already held, else the longer match). A match
     of length m drafts at most ``factor × m`` tokens and, in a depth-bounded trie, ``depth − m``;
@@ -328,7 +349,7 @@ def best_candidate(trie: SuffixTrie, nodes: Sequence[Location], max_len: int, fa
         limit = min(cap, trie.depth - length)
         if limit <= best.score:
             continue
-        tokens, score = trie.scored_path(loc, limit, min_prob)
+        tokens, score = trie.scored_path(loc, limit, min_prob, noise)
         if score > best.score:
             best = Candidate(trie, loc, limit, tokens, score)
     return best
@@ -374,6 +395,7 @@ class SuffixDrafter(Drafter):
         min_prob: float = 0.1,
         store_tokens: int = 100_000,
         branches: int = 1,
+        coupled: bool = True,
         name: str = "suffix",
     ) -> None:
         if depth < 2 or factor <= 0 or not 0 <= min_prob <= 1 or store_tokens < 0 or branches < 1:
@@ -384,6 +406,8 @@ class SuffixDrafter(Drafter):
             )
         self.name = name
         self.branches = branches  # > 1: a small tree, one continuation per frequent next token
+        # under coupled sampling, branch where the target's noise leads (SuffixTrie.coupled_child)
+        self.coupled = coupled
         self.depth, self.factor, self.min_prob, self.store_tokens = depth, factor, min_prob, store_tokens
         self.store: deque[list[int]] = deque()  # earlier responses, oldest first
         self.global_trie = SuffixTrie(depth)
@@ -470,18 +494,18 @@ class SuffixDrafter(Drafter):
         self.global_seen = len(context)
         return self.global_nodes
 
-    def _best(self, context: Sequence[int], max_len: int) -> Candidate:
+    def _best(self, context: Sequence[int], max_len: int, noise: NoiseOf | None = None) -> Candidate:
         """The best-scoring draft over every match in this query's trie, then the earlier responses'."""
         self._follow(context)
-        local = best_candidate(self.local, self.local.active, max_len, self.factor, self.min_prob)
+        local = best_candidate(self.local, self.local.active, max_len, self.factor, self.min_prob, noise=noise)
         return best_candidate(self.global_trie, self._global_matches(context), max_len, self.factor, self.min_prob,
-                              local)
+                              local, noise)
 
     def propose(self, context: Sequence[int], max_len: int, ctx: DraftContext, stop: Any = None) -> Draft:
         if max_len <= 0:
             self._follow(context)
             return Draft([])
-        best = self._best(context, max_len)
+        best = self._best(context, max_len, _draft_noise(ctx, len(context)) if self.coupled else None)
         if best.trie is None:
             return Draft([])
         if self.branches > 1:
@@ -496,7 +520,16 @@ class SuffixDrafter(Drafter):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "depth": self.depth, "factor": self.factor,
-                "min_prob": self.min_prob, "store_tokens": self.store_tokens, "branches": self.branches}
+                "min_prob": self.min_prob, "store_tokens": self.store_tokens, "branches": self.branches,
+                "coupled": self.coupled}
+
+
+def _draft_noise(ctx: DraftContext, start: int) -> NoiseOf | None:
+    """Under coupled sampling, draft step j's noise for a token: the target's own noise at position
+    ``start + j`` (``start``: the context's length, where the draft begins — also when the
+    evaluation phase asks what this drafter would have proposed along verified tokens)."""
+    noise = ctx.noise
+    return None if noise is None else (lambda step, token: noise.value(start + step, token))
 
 
 def forget_stored_answers(drafters: Iterable[Drafter]) -> None:
