@@ -142,10 +142,10 @@ def test_under_coupled_sampling_the_suffix_draft_branches_where_the_targets_nois
     picked = {}
     for seed in range(40):
         ctx = DraftContext(Sampling(temperature=1.0), noise=PositionNoise(seed, "cpu"), position=len(prompt))
-        first = SuffixDrafter(min_prob=0.0).propose(prompt, 1, ctx).tokens[0]
+        first = SuffixDrafter(min_prob=0.0, coupled=True).propose(prompt, 1, ctx).tokens[0]
         scores = {t: math.log(c) + gumbel_value(seed, len(prompt), t) for t, c in ((3, 3), (4, 1))}
         assert first == max(scores, key=scores.__getitem__)
-        assert SuffixDrafter(min_prob=0.0, coupled=False).propose(prompt, 1, ctx).tokens == [3]
+        assert SuffixDrafter(min_prob=0.0).propose(prompt, 1, ctx).tokens == [3]  # off by default
         picked[first] = picked.get(first, 0) + 1
     assert set(picked) == {3, 4}  # the noise does choose, and mostly the frequent one
     assert picked[3] > picked[4]

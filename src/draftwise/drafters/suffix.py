@@ -395,7 +395,7 @@ class SuffixDrafter(Drafter):
         min_prob: float = 0.1,
         store_tokens: int = 100_000,
         branches: int = 1,
-        coupled: bool = True,
+        coupled: bool = False,
         name: str = "suffix",
     ) -> None:
         if depth < 2 or factor <= 0 or not 0 <= min_prob <= 1 or store_tokens < 0 or branches < 1:
@@ -406,7 +406,8 @@ class SuffixDrafter(Drafter):
             )
         self.name = name
         self.branches = branches  # > 1: a small tree, one continuation per frequent next token
-        # under coupled sampling, branch where the target's noise leads (SuffixTrie.coupled_child)
+        # under coupled sampling, branch where the target's noise leads (SuffixTrie.coupled_child): more
+        # drafts accepted on the dev split, none faster on either set (BENCHMARKS "Session 18"), so off
         self.coupled = coupled
         self.depth, self.factor, self.min_prob, self.store_tokens = depth, factor, min_prob, store_tokens
         self.store: deque[list[int]] = deque()  # earlier responses, oldest first
