@@ -45,25 +45,33 @@ def run_engines(tmp: Path, engines: dict[str, tuple[list[dict], dict | None, dic
     the order given; returns their outputs by name."""
     waiting, running, out = list(engines), {}, {}
     deadline = time.time() + 600 * len(engines)
-    while waiting or running:
-        for core in set(range(AT_ONCE)) - set(running):
-            if waiting:
-                name = waiting.pop(0)
-                running[core] = (name, _start_engine(tmp, name, *engines[name], core=core))
-        for core, (name, process) in list(running.items()):
-            if process.poll() is not None:
-                out[name] = _finished(tmp, name, process)
-                del running[core]
-        if time.time() > deadline:
-            for _, process in running.values():
-                process.kill()
-            raise AssertionError(f"vLLM engines still running after {600 * len(engines)} s: {sorted(running)}")
-        time.sleep(0.5)
+    try:
+        while waiting or running:
+            for slot in set(range(AT_ONCE)) - set(running):
+                if waiting:
+                    name = waiting.pop(0)
+                    running[slot] = (name, _start_engine(tmp, name, *engines[name], core=worker_core(slot)))
+            for slot, (name, process) in list(running.items()):
+                if process.poll() is not None:
+                    del running[slot]
+                    out[name] = _finished(tmp, name, process)
+            assert time.time() < deadline, f"vLLM engines still running after {600 * len(engines)} s: {running}"
+            time.sleep(0.5)
+    finally:  # a failed engine or the deadline: no engine outlives the test
+        for _, process in running.values():
+            process.kill()
+            process.wait()
     return out
 
 
+def worker_core(slot: int) -> str:
+    """The core for the ``slot``-th engine running at once: one of those this process may use."""
+    cores = sorted(os.sched_getaffinity(0))
+    return str(cores[slot % len(cores)])
+
+
 def _start_engine(tmp: Path, name: str, jobs: list[dict], spec: dict | None, draftwise: dict | None,
-                  core: int) -> subprocess.Popen:
+                  core: str) -> subprocess.Popen:
     jobs_file, out = tmp / f"{name}.jobs.json", tmp / f"{name}.out.json"
     jobs_file.write_text(json.dumps(jobs))
     command = [sys.executable, str(HERE / "engine_run.py"), str(out), "--jobs", str(jobs_file)]
@@ -71,7 +79,7 @@ def _start_engine(tmp: Path, name: str, jobs: list[dict], spec: dict | None, dra
         command += ["--spec", json.dumps(spec)]
     if draftwise is not None:
         command += ["--draftwise", json.dumps(draftwise)]
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "INFO", "VLLM_CPU_OMP_THREADS_BIND": str(core % (os.cpu_count() or 1))}
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "INFO", "VLLM_CPU_OMP_THREADS_BIND": core}
     with open(tmp / f"{name}.log", "w") as log:
         return subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import DRAFTWISE_SPEC, PROMPTS, ROOT
+from conftest import DRAFTWISE_SPEC, PROMPTS, ROOT, worker_core
 
 openai = pytest.importorskip("openai")
 MAX_TOKENS = 40
@@ -35,7 +35,7 @@ def servers(*launches: tuple[Path, dict | None, dict | None]):
     spends most of a minute starting up) with their model workers on cores of their own (left
     alone, every server binds core 0), stopped (SIGINT, then the process group) afterwards; yields
     their base URLs."""
-    processes = [_launch(log, spec, {**(env or {}), "VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))})
+    processes = [_launch(log, spec, {**(env or {}), "VLLM_CPU_OMP_THREADS_BIND": worker_core(i)})
                  for i, (log, spec, env) in enumerate(launches)]
     try:
         for (process, base), (log, _, _) in zip(processes, launches):
