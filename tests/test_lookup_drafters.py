@@ -141,7 +141,7 @@ def test_under_coupled_sampling_the_suffix_draft_branches_where_the_targets_nois
     assert SuffixDrafter().propose(prompt, 1, greedy).tokens == [3]
     picked = {}
     for seed in range(40):
-        ctx = DraftContext(Sampling(temperature=1.0), noise=PositionNoise(seed, "cpu"), position=len(prompt))
+        ctx = DraftContext(Sampling(temperature=1.0), noise=PositionNoise(seed, "cpu"))
         first = SuffixDrafter(min_prob=0.0, coupled=True).propose(prompt, 1, ctx).tokens[0]
         scores = {t: math.log(c) + gumbel_value(seed, len(prompt), t) for t, c in ((3, 3), (4, 1))}
         assert first == max(scores, key=scores.__getitem__)

@@ -154,10 +154,6 @@ class PositionNoise:
             self._rows[position] = cached
         return cached[:width]
 
-    def value(self, position: int, token: int) -> float:
-        """The noise of ``token`` at ``position`` (:func:`gumbel_value`)."""
-        return gumbel_value(self.seed, position, token)
-
     def values(self, start: int, tokens: Sequence[int]) -> list[float]:
         """The noise of ``tokens[j]`` at position ``start + j``, for each j, in double precision
         (the rows are float32: a screen's bins do not need their last bits). The hash makes each

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from draftwise.coupling import gumbel_value
 from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
 from draftwise.errors import DraftwiseError
 from draftwise.tree import ROOT
@@ -530,7 +531,7 @@ def _draft_noise(ctx: DraftContext, start: int) -> NoiseOf | None:
     ``start + j`` (``start``: the context's length, where the draft begins — also when the
     evaluation phase asks what this drafter would have proposed along verified tokens)."""
     noise = ctx.noise
-    return None if noise is None else (lambda step, token: noise.value(start + step, token))
+    return None if noise is None else (lambda step, token: gumbel_value(noise.seed, start + step, token))
 
 
 def forget_stored_answers(drafters: Iterable[Drafter]) -> None:
