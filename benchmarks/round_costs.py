@@ -3,6 +3,11 @@ drafted tokens, and an LM drafter's cost per forward (catch-up vs one drafted to
 traces of the default policy on the zoo dev set (medians; warm-up excluded).
 
     python benchmarks/round_costs.py --zoo-corpus BUILD
+    python benchmarks/round_costs.py --policy fixed --arms suffix/pld@8 --pool "pld;suffix" \
+        --prompt-file ../shared/data/self_instruct/seed_tasks.jsonl --per-domain 60
+
+Each row also says how many of its rounds' drafted tokens were accepted (mean): whether a draft of
+that length paid for its verification on this machine.
 
 Timings inside the loop differ from micro-benchmarks: right after a target forward has evicted the
 caches, a drafter's weights and Python's own code run cold.
@@ -22,25 +27,39 @@ MAX_NEW = 128
 
 
 def main() -> None:
-    args = dev_set_parser(__doc__, PER_DOMAIN, THREADS).parse_args()
+    parser = dev_set_parser(__doc__, PER_DOMAIN, THREADS)
+    parser.add_argument("--policy", default=None, help="default: draftwise's default policy")
+    parser.add_argument("--arms", default=None, help="an arm list (default: the policy's layout)")
+    parser.add_argument("--pool", default="zoo:all;pld;suffix", help="drafter specs separated by semicolons")
+    parser.add_argument("--prompt-file", default=None, metavar="JSONL", help="these prompts instead of the dev split")
+    args = parser.parse_args()
     prompts = dev_prompts(args)
+    if args.prompt_file:
+        from draftwise.bench.datasets import limit_per_domain, load_prompt_file
+
+        prompts = limit_per_domain(load_prompt_file(args.prompt_file), args.per_domain)
     from draftwise import Generator
+    from draftwise.api import DEFAULT_POLICY
     from draftwise.drafters import LMDrafter
 
     forwards: dict[str, list[float]] = defaultdict(list)
-    gen = Generator.from_pretrained("zoo:target", ["zoo:all", "pld", "suffix"])
+    gen = Generator.from_pretrained("zoo:target", args.pool.split(";"), policy=args.policy or DEFAULT_POLICY,
+                                    arms=args.arms)
     for drafter in gen.drafters:  # each LM drafter's cache, timed: catch-up (logits) or one drafted token
         if isinstance(drafter, LMDrafter):
             drafter.lm = TimedCache(drafter.lm, forwards)
     gen.generate(prompts[0].text, max_new_tokens=16)  # warm-up
     forwards.clear()
     verify: dict[int, list[float]] = defaultdict(list)
+    accepted: dict[int, list[int]] = defaultdict(list)
     for prompt in prompts:
         for record in gen.generate(prompt.text, max_new_tokens=MAX_NEW).trace[1:]:  # round 1 holds the prompt
             verify[record.drafted + 1].append(record.verify_s)
-    print("verification by tokens fed (drafted + 1): median ms (rounds)")
+            accepted[record.drafted + 1].append(record.accepted)
+    print("verification by tokens fed (drafted + 1): median ms (rounds), mean accepted")
     for fed in sorted(verify):
-        print(f"  {fed:2d}: {statistics.median(verify[fed]) * 1000:6.2f} ({len(verify[fed])})")
+        print(f"  {fed:2d}: {statistics.median(verify[fed]) * 1000:6.2f} ({len(verify[fed])}), "
+              f"{statistics.mean(accepted[fed]):.2f}")
     print("LM drafter forwards in the loop: median ms (calls)")
     for name, times in forwards.items():
         print(f"  {name}: {statistics.median(times) * 1000:.3f} ({len(times)})")
