@@ -12,6 +12,8 @@
 #   mixed    mixed-domain B = 8 with the zoo's model drafters
 #   sweepq   B = 32, 16, 4 over 56 prompts (--per-domain 8), 2 repeats: the sweep with passes long enough
 #            to time (issue 15's adaptive length vs the best fixed one; the default vs suffix@8)
+#   single   one request at a time (no batch), self_instruct (40) and zoo:dev (28): ar, the default, a fixed
+#            LM drafter (generalist@3) and suffix@8, at temperature 0.7 and greedy (issue 17 on a GPU)
 #   queue32  B = 32 over 56 prompts (a queue: rows refilled; its --per-domain 8 overrides the 4), 3 repeats — at 28 prompts a B = 32 pass
 #            takes < 1 s on an H200 and one hiccup doubles it
 # (ZOO_CORPUS: the zoo's dev/test splits, e.g. copied from ~/.cache/draftwise/zoo-corpus/*/ into an
@@ -27,8 +29,9 @@ bench() {  # NAME LIMIT_S ARGS...: one bench into /tmp/gpu-NAME, its rows copied
   local name=$1 limit=$2; shift 2
   log "$name"
   timeout "$limit" "${BENCH[@]}" --out "/tmp/gpu-$name" "$@"
-  cp "/tmp/gpu-$name/batch-results.jsonl" "$OUT/$name.jsonl"; cp "/tmp/gpu-$name/batch-summary.md" "$OUT/$name.md"
-  [ -f "$OUT/env.json" ] || cp "/tmp/gpu-$name/batch-env.json" "$OUT/env.json"
+  local kind=batch-; [ -f "/tmp/gpu-$name/batch-results.jsonl" ] || kind=  # a batched bench, or one at a time
+  cp "/tmp/gpu-$name/${kind}results.jsonl" "$OUT/$name.jsonl"; cp "/tmp/gpu-$name/${kind}summary.md" "$OUT/$name.md"
+  [ -f "$OUT/env.json" ] || cp "/tmp/gpu-$name/${kind}env.json" "$OUT/env.json"
 }
 {
   log versions
@@ -47,9 +50,15 @@ bench() {  # NAME LIMIT_S ARGS...: one bench into /tmp/gpu-NAME, its rows copied
                  --methods ar,default,metasd-ucb,fixed:suffix@8,fixed:pld,fixed:generalist ;;
       sweepq) bench sweepq "${SWEEPQ_S:-330}" --per-domain 8 --batch-size 32,16,4 --repeats 2 \
                   --methods ar,length:1,length:2,length:3,length:4,banditspec-length,default,fixed:suffix@8 ;;
+      single) for t in 0.7 0; do
+                bench "single-si-t$t" "${SINGLE_S:-150}" --data "${SI_DATA:-.gpucorpus/data/self_instruct/seed_tasks.jsonl}" \
+                    --per-domain 40 --repeats 1 --temperature $t --methods ar,default,fixed:generalist@3,fixed:suffix@8
+                bench "single-dev-t$t" "${SINGLE_S:-150}" --repeats 1 --temperature $t \
+                    --methods ar,default,fixed:generalist@3,fixed:suffix@8
+              done ;;
       queue32) bench queue32 "${QUEUE32_S:-200}" --per-domain 8 --batch-size 32 --repeats 3 \
                    --methods ar,length:2,length:4,banditspec-length,default,fixed:suffix@8 ;;
-      *) log "unknown step $step (steps: tests hf16 sampled sweep mixed sweepq queue32)" ;;
+      *) log "unknown step $step (steps: tests hf16 sampled sweep mixed sweepq queue32 single)" ;;
     esac
   done
   log done

@@ -1,0 +1,88 @@
+"""How well each zoo drafter agrees with the target on the target's own answers, and what routing picks.
+
+Agreement per answer position: greedy (``--temperature 0``) whether the drafter's top-1 is the
+target's token; sampled, Σ min(p, q) = 1 − TV of the two warped distributions (a chain draft's
+per-token acceptance under rejection sampling). No clock: the figures are the same on any machine.
+The routed arm's pick (the prompt fit, :class:`draftwise.engine.routing.PromptFit`) is reported per
+domain with the agreement it gets, against the best single drafter's.
+
+    python benchmarks/drafter_agreement.py --per-domain 3                                # zoo:dev
+    python benchmarks/drafter_agreement.py --prompt-file ../shared/data/self_instruct/seed_tasks.jsonl \
+        --per-domain 20                                                                  # check set
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from dev_set import dev_prompts, dev_set_parser  # benchmarks/dev_set.py
+
+PER_DOMAIN = 3
+MAX_NEW = 128
+
+
+def main() -> None:
+    parser = dev_set_parser(__doc__, PER_DOMAIN)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--prompt-file", default=None, metavar="JSONL")
+    args = parser.parse_args()
+    prompts = dev_prompts(args)
+    if args.prompt_file:
+        from draftwise.bench.datasets import limit_per_domain, load_prompt_file
+
+        prompts = limit_per_domain(load_prompt_file(args.prompt_file), args.per_domain)
+    import torch
+
+    from draftwise import Generator
+    from draftwise.drafters import DraftContext, build_drafters
+    from draftwise.engine.routing import PromptFit
+    from draftwise.loading import LoadOptions, load_causal_lm
+    from draftwise.verify import Sampling, warp
+    from draftwise.zoo import resolve_zoo_name
+
+    options = LoadOptions()
+    model, tokenizer = load_causal_lm(resolve_zoo_name("zoo:target"), options)
+    drafters = build_drafters(["zoo:all"], model, tokenizer, options)
+    names = [d.name for d in drafters]
+    plain = Generator(model, tokenizer, [], policy="fixed")
+    sampling = Sampling(temperature=args.temperature)
+    fit = PromptFit()
+    context = DraftContext()
+    agree: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])  # (domain, drafter): sum, n
+    routed: dict[str, Counter[str]] = defaultdict(Counter)
+    routed_agree: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for index, prompt in enumerate(prompts):
+        ids = plain.encode(prompt.text)
+        answer = plain.generate(ids, max_new_tokens=MAX_NEW, temperature=args.temperature, seed=index).token_ids
+        full = torch.tensor([ids + answer])
+        start = len(ids) - 1  # the row predicting the answer's first token
+        rates = fit.rates(drafters, ids, range(len(drafters)), context)
+        pick = names[max(range(len(drafters)), key=lambda i: rates.get(i, 0.0))] if rates else names[0]
+        routed[prompt.domain][pick] += 1
+        with torch.inference_mode():
+            target = model(full).logits[0, start:-1].float()
+            for drafter in drafters:
+                logits = drafter.hf_model()(full).logits[0, start:-1].float()
+                if sampling.greedy:
+                    per_token = (logits.argmax(-1) == target.argmax(-1)).float()
+                else:
+                    per_token = torch.minimum(warp(target, sampling), warp(logits, sampling)).sum(-1)
+                cell = agree[(prompt.domain, drafter.name)]
+                cell[0] += float(per_token.sum())
+                cell[1] += len(per_token)
+                if drafter.name == pick:
+                    routed_agree[prompt.domain][0] += float(per_token.sum())
+                    routed_agree[prompt.domain][1] += len(per_token)
+    kind = "top-1 agreement (greedy)" if sampling.greedy else f"1 − TV at T {args.temperature}"
+    print(f"{kind} on the target's answers, {len(prompts)} prompts, {MAX_NEW} tokens")
+    print(f"{'domain':14s} " + " ".join(f"{n[:7]:>7s}" for n in names) + "   routed to (prompts)         routed  best")
+    for domain in sorted({p.domain for p in prompts}):
+        values = [agree[(domain, n)][0] / max(agree[(domain, n)][1], 1.0) for n in names]
+        picks = ", ".join(f"{n} {c}" for n, c in routed[domain].most_common(3))
+        got = routed_agree[domain][0] / max(routed_agree[domain][1], 1.0)
+        row = " ".join(f"{v:7.2f}" for v in values)
+        print(f"{domain:14s} {row}   {picks:28s} {got:5.2f} {max(values):5.2f}")
+
+
+if __name__ == "__main__":
+    main()
