@@ -24,13 +24,8 @@ MAX_NEW = 128
 def main() -> None:
     parser = dev_set_parser(__doc__, PER_DOMAIN)
     parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--prompt-file", default=None, metavar="JSONL")
     args = parser.parse_args()
     prompts = dev_prompts(args)
-    if args.prompt_file:
-        from draftwise.bench.datasets import limit_per_domain, load_prompt_file
-
-        prompts = limit_per_domain(load_prompt_file(args.prompt_file), args.per_domain)
     import torch
 
     from draftwise import Generator

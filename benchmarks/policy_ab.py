@@ -49,9 +49,6 @@ def main() -> None:
     parser.add_argument("--pool", default="zoo:all;pld;suffix", help="drafter pool: specs separated by semicolons")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sampling temperature (coupled: one seed per prompt, the same text for every config)")
-    parser.add_argument("--prompt-file", default=None, metavar="JSONL",
-                        help="time these prompts instead of the dev split (e.g. the out-of-domain check set "
-                             "../shared/data/self_instruct/seed_tasks.jsonl; --per-domain still limits each domain)")
     parser.add_argument("--no-screen", action="append", default=[], metavar="LABEL",
                         help="run this config without the coupled-sampling noise screen (repeatable)")
     parser.add_argument("--shuffle", type=int, default=None, metavar="SEED",
@@ -62,10 +59,6 @@ def main() -> None:
     if unknown:
         parser.error(f"--no-screen {', '.join(unknown)}: no such --config label (labels: {', '.join(labels)})")
     prompts = dev_prompts(args)
-    if args.prompt_file:
-        from draftwise.bench.datasets import limit_per_domain, load_prompt_file
-
-        prompts = limit_per_domain(load_prompt_file(args.prompt_file), args.per_domain)
     from draftwise import Generator
     from draftwise.drafters import build_drafters
     from draftwise.drafters.suffix import forget_stored_answers

@@ -31,13 +31,8 @@ def main() -> None:
     parser.add_argument("--policy", default=None, help="default: draftwise's default policy")
     parser.add_argument("--arms", default=None, help="an arm list (default: the policy's layout)")
     parser.add_argument("--pool", default="zoo:all;pld;suffix", help="drafter specs separated by semicolons")
-    parser.add_argument("--prompt-file", default=None, metavar="JSONL", help="these prompts instead of the dev split")
     args = parser.parse_args()
     prompts = dev_prompts(args)
-    if args.prompt_file:
-        from draftwise.bench.datasets import limit_per_domain, load_prompt_file
-
-        prompts = limit_per_domain(load_prompt_file(args.prompt_file), args.per_domain)
     from draftwise import Generator
     from draftwise.api import DEFAULT_POLICY
     from draftwise.drafters import LMDrafter
