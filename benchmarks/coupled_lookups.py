@@ -13,7 +13,7 @@ and in the default's pick (``fixed:suffix/pld@8``).
 
 from __future__ import annotations
 
-from dev_set import dev_prompts, dev_set_parser  # benchmarks/dev_set.py
+from dev_set import dev_prompts, dev_set_parser, zoo_target  # benchmarks/dev_set.py
 
 PER_DOMAIN = 8
 MAX_NEW = 128
@@ -32,11 +32,8 @@ def main() -> None:
     prompts = dev_prompts(args)
     from draftwise import Generator
     from draftwise.drafters import build_drafters
-    from draftwise.loading import LoadOptions, load_causal_lm
-    from draftwise.zoo import resolve_zoo_name
 
-    options = LoadOptions()
-    model, tokenizer = load_causal_lm(resolve_zoo_name("zoo:target"), options)
+    model, tokenizer, options = zoo_target()
     texts: list[list[int]] | None = None
     print(f"{'config':24s} {'tokens':>7s} {'rounds':>7s} {'MAT':>6s} {'drafted':>8s} {'accepted':>9s}")
     for label, (arms, pool) in CONFIGS.items():

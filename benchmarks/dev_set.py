@@ -34,3 +34,13 @@ def dev_prompts(args: argparse.Namespace, seed: int = 0) -> list[Any]:
     if args.prompt_file:
         return limit_per_domain(load_prompt_file(args.prompt_file), args.per_domain)
     return zoo_prompts(find_zoo_corpus(args.zoo_corpus), "dev", args.per_domain, seed)
+
+
+def zoo_target() -> tuple[Any, Any, Any]:
+    """The zoo's target, its tokenizer and the load options the scripts build drafters with."""
+    from draftwise.loading import LoadOptions, load_causal_lm
+    from draftwise.zoo import resolve_zoo_name
+
+    options = LoadOptions()
+    model, tokenizer = load_causal_lm(resolve_zoo_name("zoo:target"), options)
+    return model, tokenizer, options

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from dev_set import dev_prompts, dev_set_parser  # benchmarks/dev_set.py
+from dev_set import dev_prompts, dev_set_parser, zoo_target  # benchmarks/dev_set.py
 
 PER_DOMAIN = 3
 MAX_NEW = 128
@@ -31,12 +31,9 @@ def main() -> None:
     from draftwise import Generator
     from draftwise.drafters import DraftContext, build_drafters
     from draftwise.engine.routing import PromptFit
-    from draftwise.loading import LoadOptions, load_causal_lm
     from draftwise.verify import Sampling, warp
-    from draftwise.zoo import resolve_zoo_name
 
-    options = LoadOptions()
-    model, tokenizer = load_causal_lm(resolve_zoo_name("zoo:target"), options)
+    model, tokenizer, options = zoo_target()
     drafters = build_drafters(["zoo:all"], model, tokenizer, options)
     names = [d.name for d in drafters]
     plain = Generator(model, tokenizer, [], policy="fixed")

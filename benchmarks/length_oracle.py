@@ -21,7 +21,7 @@ import statistics
 import time
 from collections import defaultdict
 
-from dev_set import dev_prompts, dev_set_parser  # benchmarks/dev_set.py
+from dev_set import dev_prompts, dev_set_parser, zoo_target  # benchmarks/dev_set.py
 
 PER_DOMAIN = 8
 
@@ -55,11 +55,8 @@ def main() -> None:
         prompts = load_prompt_sources([args.data], PromptRequest("first", None, args.zoo_corpus, 0))
     from draftwise import Generator
     from draftwise.drafters import build_drafters
-    from draftwise.loading import LoadOptions, load_causal_lm
-    from draftwise.zoo import resolve_zoo_name
 
-    options = LoadOptions()
-    model, tokenizer = load_causal_lm(resolve_zoo_name("zoo:target"), options)
+    model, tokenizer, options = zoo_target()
     plain = Generator(model, tokenizer, [], policy="fixed")
     lookup = Generator(model, tokenizer, build_drafters(["suffix"], model, tokenizer, options), policy="fixed",
                        arms=f"suffix@{args.draft_len}")

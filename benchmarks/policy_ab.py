@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 
 import numpy as np
-from dev_set import dev_prompts, dev_set_parser  # benchmarks/dev_set.py
+from dev_set import dev_prompts, dev_set_parser, zoo_target  # benchmarks/dev_set.py
 
 THREADS = 1  # the machine's other core stays free for other work
 PER_DOMAIN = 4  # dev prompts per domain
@@ -62,12 +62,9 @@ def main() -> None:
     from draftwise import Generator
     from draftwise.drafters import build_drafters
     from draftwise.drafters.suffix import forget_stored_answers
-    from draftwise.loading import LoadOptions, load_causal_lm
-    from draftwise.zoo import resolve_zoo_name
 
     register_rule_policy()
-    options = LoadOptions()
-    model, tokenizer = load_causal_lm(resolve_zoo_name("zoo:target"), options)
+    model, tokenizer, options = zoo_target()
     generators = {"ar": Generator(model, tokenizer, [], policy="fixed")}
     for item in args.config:
         label, _, spec = item.partition("=")
