@@ -9,8 +9,10 @@ from typing import Any
 import torch
 
 
-def dev_set_parser(doc: str | None, per_domain: int, threads: int = 1) -> argparse.ArgumentParser:
-    """A parser with ``--per-domain``, ``--zoo-corpus`` and ``--threads``; scripts add their own options."""
+def dev_set_parser(doc: str | None, per_domain: int, threads: int = 1,
+                   temperature: float | None = None) -> argparse.ArgumentParser:
+    """A parser with ``--per-domain``, ``--zoo-corpus``, ``--threads``, ``--prompt-file`` and, given
+    its default, ``--temperature``; scripts add their own options."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--per-domain", type=int, default=per_domain)
     parser.add_argument("--zoo-corpus", default=None,
@@ -19,6 +21,10 @@ def dev_set_parser(doc: str | None, per_domain: int, threads: int = 1) -> argpar
     parser.add_argument("--prompt-file", default=None, metavar="JSONL",
                         help="these prompts instead of the dev split (e.g. the out-of-domain check set "
                              "../shared/data/self_instruct/seed_tasks.jsonl; --per-domain still limits each domain)")
+    if temperature is not None:
+        parser.add_argument("--temperature", type=float, default=temperature,
+                            help="sampling temperature, 0 for greedy (coupled sampling: one seed per prompt, "
+                                 "the same text for every configuration)")
     return parser
 
 

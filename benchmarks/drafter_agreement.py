@@ -22,8 +22,7 @@ MAX_NEW = 128
 
 
 def main() -> None:
-    parser = dev_set_parser(__doc__, PER_DOMAIN)
-    parser.add_argument("--temperature", type=float, default=0.7)
+    parser = dev_set_parser(__doc__, PER_DOMAIN, temperature=0.7)
     args = parser.parse_args()
     prompts = dev_prompts(args)
     import torch

@@ -42,9 +42,8 @@ def cost_of(costs: dict[int, float], drafted: int) -> float:
 
 
 def main() -> None:
-    parser = dev_set_parser(__doc__, PER_DOMAIN)
+    parser = dev_set_parser(__doc__, PER_DOMAIN, temperature=0.0)
     parser.add_argument("--data", default="zoo:dev")
-    parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--draft-len", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     args = parser.parse_args()

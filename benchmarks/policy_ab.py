@@ -43,12 +43,10 @@ def register_rule_policy() -> None:
 
 
 def main() -> None:
-    parser = dev_set_parser(__doc__, PER_DOMAIN, THREADS)
+    parser = dev_set_parser(__doc__, PER_DOMAIN, THREADS, temperature=0.0)
     parser.add_argument("--config", action="append", required=True, help="LABEL=POLICY[|ARMS[|POOL]] (repeatable)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--pool", default="zoo:all;pld;suffix", help="drafter pool: specs separated by semicolons")
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="sampling temperature (coupled: one seed per prompt, the same text for every config)")
     parser.add_argument("--no-screen", action="append", default=[], metavar="LABEL",
                         help="run this config without the coupled-sampling noise screen (repeatable)")
     parser.add_argument("--shuffle", type=int, default=None, metavar="SEED",
