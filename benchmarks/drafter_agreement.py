@@ -4,7 +4,10 @@ Agreement per answer position: greedy (``--temperature 0``) whether the drafter'
 target's token; sampled, Σ min(p, q) = 1 − TV of the two warped distributions (a chain draft's
 per-token acceptance under rejection sampling). No clock: the figures are the same on any machine.
 The routed arm's pick (the prompt fit, :class:`draftwise.engine.routing.PromptFit`) is reported per
-domain with the agreement it gets, against the best single drafter's.
+domain with the agreement it gets, against the best single drafter's, and so is the pick of routing
+as the engine does it since session 20: the prompt fit moved by what a
+:class:`~draftwise.engine.routing.RouteMemory` learned from the earlier prompts' answers (the
+prompts in the order given, the memory taught as the engine teaches it).
 
     python benchmarks/drafter_agreement.py --per-domain 3                                # zoo:dev
     python benchmarks/drafter_agreement.py --prompt-file ../shared/data/self_instruct/seed_tasks.jsonl \
@@ -29,7 +32,7 @@ def main() -> None:
 
     from draftwise import Generator
     from draftwise.drafters import DraftContext, build_drafters
-    from draftwise.engine.routing import PromptFit
+    from draftwise.engine.routing import PromptFit, RouteMemory, learn_route
     from draftwise.verify import Sampling, warp
 
     model, tokenizer, options = zoo_target()
@@ -42,6 +45,9 @@ def main() -> None:
     agree: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])  # (domain, drafter): sum, n
     routed: dict[str, Counter[str]] = defaultdict(Counter)
     routed_agree: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    memory = RouteMemory()
+    learned: dict[str, Counter[str]] = defaultdict(Counter)
+    learned_agree: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for index, prompt in enumerate(prompts):
         ids = plain.encode(prompt.text)
         answer = plain.generate(ids, max_new_tokens=MAX_NEW, temperature=args.temperature, seed=index).token_ids
@@ -50,6 +56,10 @@ def main() -> None:
         rates = fit.rates(drafters, ids, range(len(drafters)), context)
         pick = names[max(range(len(drafters)), key=lambda i: rates.get(i, 0.0))] if rates else names[0]
         routed[prompt.domain][pick] += 1
+        moved = names[max(range(len(drafters)), key=lambda i: rates.get(i, 0.0) + memory.offset(i))] if rates \
+            else names[0]
+        learned[prompt.domain][moved] += 1
+        learn_route(fit, drafters, memory, ids + answer, len(ids), rates, context)
         with torch.inference_mode():
             target = model(full).logits[0, start:-1].float()
             for drafter in drafters:
@@ -61,18 +71,22 @@ def main() -> None:
                 cell = agree[(prompt.domain, drafter.name)]
                 cell[0] += float(per_token.sum())
                 cell[1] += len(per_token)
-                if drafter.name == pick:
-                    routed_agree[prompt.domain][0] += float(per_token.sum())
-                    routed_agree[prompt.domain][1] += len(per_token)
+                for name, cells in ((pick, routed_agree), (moved, learned_agree)):
+                    if drafter.name == name:
+                        cells[prompt.domain][0] += float(per_token.sum())
+                        cells[prompt.domain][1] += len(per_token)
     kind = "top-1 agreement (greedy)" if sampling.greedy else f"1 − TV at T {args.temperature}"
     print(f"{kind} on the target's answers, {len(prompts)} prompts, {MAX_NEW} tokens")
-    print(f"{'domain':14s} " + " ".join(f"{n[:7]:>7s}" for n in names) + "   routed to (prompts)         routed  best")
+    print(f"{'domain':14s} " + " ".join(f"{n[:7]:>7s}" for n in names)
+          + "   routed to (prompts)         routed   learned routing to          learned  best")
     for domain in sorted({p.domain for p in prompts}):
         values = [agree[(domain, n)][0] / max(agree[(domain, n)][1], 1.0) for n in names]
-        picks = ", ".join(f"{n} {c}" for n, c in routed[domain].most_common(3))
-        got = routed_agree[domain][0] / max(routed_agree[domain][1], 1.0)
         row = " ".join(f"{v:7.2f}" for v in values)
-        print(f"{domain:14s} {row}   {picks:28s} {got:5.2f} {max(values):5.2f}")
+        cells = []
+        for picks, got in ((routed, routed_agree), (learned, learned_agree)):
+            cells.append(f"{', '.join(f'{n} {c}' for n, c in picks[domain].most_common(3)):28s} "
+                         f"{got[domain][0] / max(got[domain][1], 1.0):5.2f}")
+        print(f"{domain:14s} {row}   {'   '.join(cells)}  {max(values):5.2f}")
 
 
 if __name__ == "__main__":

@@ -532,3 +532,13 @@ def test_docstring_examples_of_the_batched_engine() -> None:
     for name in ("draftwise.engine.batch", "draftwise.step_costs"):
         result = doctest.testmod(importlib.import_module(name))
         assert result.failed == 0 and result.attempted > 0, name
+
+
+def test_the_lanes_teach_their_generators_route_memory(tiny_models) -> None:
+    """Routing learns across sampled queries (each routed query's answer scored by every candidate):
+    a batch's lanes teach the memory single queries read."""
+    specs = [str(tiny_models["llama-small"]), str(tiny_models["llama-twin"])]
+    gen = _generator(tiny_models, "llama-target", specs, "fixed", arms="auto@3")
+    gen.generate_batch([[5, 9, 13, 7, 11, 3] * 3] * 3, max_new_tokens=12, batch_size=2, ignore_eos=True,
+                       temperature=0.7)
+    assert gen.engine.routes.queries == {0: 3.0, 1: 3.0}

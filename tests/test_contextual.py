@@ -370,3 +370,50 @@ def test_the_default_hears_what_no_speculation_would_have_earned(pool, monkeypat
     assert silent.engine.plain_rounds is None
     assert silent.generate(prompt, max_new_tokens=40, ignore_eos=True).token_ids == reference.token_ids
     assert Generator(model, tokenizer, make(), policy="ucb", arms="suffix@8,none").engine.plain_rounds is None
+
+
+def test_routing_learns_which_drafters_answers_fit_worse_than_their_prompts() -> None:
+    from draftwise.engine.routing import RouteMemory
+
+    memory = RouteMemory(weight=0.5, prior_queries=4.0)
+    assert memory.offset(0) == 0.0
+    for _ in range(4):  # drafter 0 fits the prompts well and the answers badly; drafter 1 the same on both
+        memory.observe({0: 0.6, 1: 0.5}, {0: 0.2, 1: 0.5})
+    assert memory.offset(0) == pytest.approx(0.5 * 4 * -0.4 / 8) and memory.offset(1) == 0.0
+    memory.observe({0: 0.6}, {0: 0.2, 2: 0.9})  # a drafter routing did not score is not learned
+    assert 2 not in memory.queries and memory.queries[0] == 5
+
+
+def test_an_ended_sampled_routed_query_teaches_the_route_memory(pool) -> None:
+    model, tokenizer, make = pool
+    gen = Generator(model, tokenizer, make(), policy="fixed", arms="auto@3")
+    prompt = [5, 9, 13, 7, 11, 3] * 3
+    sampled = {"temperature": 0.7, "seed": 3, "ignore_eos": True}
+    gen.generate(prompt, max_new_tokens=20, ignore_eos=True)  # greedy: routed on the prompt alone, nothing learned
+    memory = gen.engine.routes
+    assert memory.queries == {} and gen.engine.last_query.route_fits.keys() == {2, 3}
+    gen.generate(prompt, max_new_tokens=20, **sampled)
+    assert set(memory.queries) == {2, 3} and all(n == 1.0 for n in memory.queries.values())
+    gen.generate(prompt, max_new_tokens=4, **sampled)  # too short an answer to judge: not learned
+    assert all(n == 1.0 for n in memory.queries.values())
+    # routing adds each drafter's offset to its prompt fit: a large enough one overturns the pick
+    first = gen.engine.last_query.arm_drafter[0]
+    other = 5 - first
+    memory.gap_sum[other] = 100.0
+    gen.generate(prompt, max_new_tokens=10, **sampled)
+    assert gen.engine.last_query.arm_drafter[0] == other
+    gen.generate(prompt, max_new_tokens=10, ignore_eos=True)
+    assert gen.engine.last_query.arm_drafter[0] == first  # greedy queries route on the prompt alone
+
+
+def test_once_the_evidence_is_in_only_one_routed_answer_in_a_few_is_scored() -> None:
+    from draftwise.engine.routing import ANSWER_ALL, ANSWER_EVERY, RouteMemory
+
+    memory = RouteMemory()
+    scored = []
+    for _ in range(ANSWER_ALL + 4 * ANSWER_EVERY):
+        due = memory.due()
+        scored.append(due)
+        if due:
+            memory.observe({0: 0.5, 1: 0.5}, {0: 0.4, 1: 0.6})
+    assert all(scored[:ANSWER_ALL]) and sum(scored[ANSWER_ALL:]) == 4

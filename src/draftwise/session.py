@@ -62,7 +62,8 @@ class BatchSession:
         try:
             self.engine = BatchEngine(generator.model, generator.drafters, generator.arms, generator.policy,
                                       decide=decide, fast_drafters=generator.fast_drafters,
-                                      head_dtype=generator.drafter_head_dtype, costs=generator.step_costs)
+                                      head_dtype=generator.drafter_head_dtype, costs=generator.step_costs,
+                                      routes=generator.engine.routes)
         except ValueError as error:
             raise DraftwiseError(str(error)) from None
         self.waiting: deque[BatchQuery] = deque()

@@ -63,7 +63,7 @@ from draftwise.drafters.base import ModelDrafter
 from draftwise.drafters.pool import DrafterPool
 from draftwise.engine.loop import Engine, Planned, QueryOutcome
 from draftwise.engine.query import QuerySettings, QueryState
-from draftwise.engine.routing import PromptFit
+from draftwise.engine.routing import PromptFit, RouteMemory
 from draftwise.policies import Policy, make_policy
 from draftwise.policies.base import replay
 from draftwise.step_costs import (
@@ -125,7 +125,8 @@ class BatchEngine:
     def __init__(self, model: Any, drafters: Sequence[Any], arms: Sequence[Arm], policy: Policy, *,
                  decide: str = "query", fast_drafters: bool = True, head_dtype: str | None = None,
                  prompt_fit: PromptFit = PromptFit(), credit_plain: bool = True,
-                 cap_acceptance: float = 0.9, cut_width: bool = True, costs: StepCostModel | None = None) -> None:
+                 cap_acceptance: float = 0.9, cut_width: bool = True, costs: StepCostModel | None = None,
+                 routes: RouteMemory | None = None) -> None:
         if decide not in DECISIONS:
             raise ValueError(f"decide must be one of {', '.join(DECISIONS)}, got {decide!r}")
         self.target = BatchedLM(model)
@@ -165,6 +166,7 @@ class BatchEngine:
         self.fast_drafters = fast_drafters
         self.head_dtype = head_dtype
         self.prompt_fit = prompt_fit
+        self.routes = routes if routes is not None else RouteMemory()  # what routing learns, shared by the lanes
         self.costs = costs if costs is not None else StepCostModel()  # a Generator's sessions share theirs
         self.model_token_s = self.costs.model_token_s  # shared with the costs (see StepCostModel)
         self.lanes: list[Lane] = []
@@ -210,7 +212,7 @@ class BatchEngine:
             drafters = self.pool.copies()
             if self.fast_drafters:
                 attach_banks(drafters, self.head_dtype)
-            engine = Engine(row, drafters, self.arms, self._lane_policy(seed), self.prompt_fit)
+            engine = Engine(row, drafters, self.arms, self._lane_policy(seed), self.prompt_fit, self.routes)
             engine.noise_screen = self.noise_screen  # one screen learns from every lane
             if self.decide == "query" and self.policy.keep:
                 engine.history = []

@@ -20,7 +20,7 @@ from draftwise.coupling import CoupledDraw, NoiseScreen, coupled_scores
 from draftwise.drafters import Draft, Drafter, StopRule, make_stop_rule
 from draftwise.engine import evaluation
 from draftwise.engine.query import QuerySettings, QueryState, new_query
-from draftwise.engine.routing import PromptFit, prompt_prior, route
+from draftwise.engine.routing import PromptFit, RouteMemory, learn_route, prompt_prior, route
 from draftwise.engine.white_box import HiddenStateFeed
 from draftwise.policies import Policy
 from draftwise.step_costs import PlainRounds
@@ -67,12 +67,14 @@ class Engine:
     """Runs queries with one target, a pool of drafters, a list of arms and a policy."""
 
     def __init__(self, target: Any, drafters: Sequence[Drafter], arms: Sequence[Arm], policy: Policy,
-                 prompt_fit: PromptFit = PromptFit()) -> None:
+                 prompt_fit: PromptFit = PromptFit(), routes: RouteMemory | None = None) -> None:
         self.target = target
         self.drafters = list(drafters)
         self.arms = list(arms)
         self.policy = policy
         self.prompt_fit = prompt_fit
+        # What routing learned across queries (a batch's lanes share their generator's)
+        self.routes = routes if routes is not None else RouteMemory()
         self.hidden = HiddenStateFeed(target, self.drafters)
         # Contextual policies see, before each choice, which of the drafters they name have a
         # proposal: one entry per name (None: not in the pool, never proposes); none in the pool,
@@ -156,6 +158,12 @@ class Engine:
         tell the drafters (unless they are a batched query's copies: their pool is told)."""
         if query.pending and getattr(self.policy, "keep", False):
             evaluation.deliver(self.drafters, self.policy, query)
+        if query.route_fits and query.stopped_by != "interrupted" and not query.settings.sampling.greedy:
+            start = time.perf_counter()
+            learn_route(self.prompt_fit, self.drafters, self.routes, query.context, query.prompt_len,
+                        query.route_fits, query.dctx)
+            if query.records:  # drafters' work
+                query.records[-1].draft_s += time.perf_counter() - start
         if end_drafters:
             for drafter in self.drafters:
                 drafter.end_query(query.context, query.prompt_len)
@@ -417,7 +425,9 @@ class Engine:
     # -- routing ------------------------------------------------------------------------------------
     def _route(self, query: QueryState, arms: list[int]) -> None:
         prompt = query.context[: query.prompt_len]
-        route(self.prompt_fit, self.drafters, self.arms, prompt, arms, query.arm_drafter, query.dctx)
+        memory = None if query.settings.sampling.greedy else self.routes  # sampled queries learn (RouteMemory)
+        query.route_fits.update(route(self.prompt_fit, self.drafters, self.arms, prompt, arms, query.arm_drafter,
+                                      query.dctx, memory))
         query.unrouted = [a for a in query.unrouted if a not in arms]
 
     def _arm_name(self, query: QueryState, arm_index: int) -> str:

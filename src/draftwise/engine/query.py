@@ -55,6 +55,7 @@ class QueryState:
     records: list[RoundRecord] = field(default_factory=list)
     pending: list[PendingRound] = field(default_factory=list)  # rounds awaiting the evaluation phase
     pending_tokens: int = 0
+    route_fits: dict[int, float] = field(default_factory=dict)  # routing's prompt fit per candidate drafter
     hidden_sent: int = 0  # positions whose target hidden states the white-box drafters have
     stopped_by: str | None = None  # eos, stop_string, interrupted, … (None: still running)
 

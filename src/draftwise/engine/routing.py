@@ -3,7 +3,8 @@
 The prompt fit scores each drafter's top-1 on the last ``window`` prompt tokens, an LM drafter
 seeing at most ``lookback`` tokens before them (no target call; drafters on one bank are scored
 in one batched forward). A routed arm drafts, for the whole query, with the candidate that fits
-best; the prompt prior turns the fit into a policy's warm start.
+best — its prompt fit moved by what routing learned across queries (:class:`RouteMemory`); the
+prompt prior turns the fit into a policy's warm start.
 """
 
 from __future__ import annotations
@@ -25,6 +26,19 @@ log = logging.getLogger(__name__)
 # (benchmarks/prompt_fit.py, BENCHMARKS.md).
 PROMPT_WINDOW = 48
 PROMPT_LOOKBACK = 16
+# An ended query's answer fit reads its first tokens and needs a few to say anything.
+ANSWER_WINDOW = 64
+ANSWER_MIN = 8
+# λ: how much of a drafter's learned answer-minus-prompt fit moves its prompt fit, and the
+# pseudo-queries at no offset the learned mean starts from. Chosen offline on the zoo dev split
+# and checked on self_instruct (NOTES.md, "Session 20"): 0.5 and 1.0 agreed within 0.01 on both.
+ANSWER_WEIGHT = 0.5
+ANSWER_PRIOR_QUERIES = 4.0
+# Scoring an answer costs about what routing does (≈ 15 ms on a 2-core CPU for seven small drafters):
+# every routed query's until each candidate has ``ANSWER_ALL``, then every ``ANSWER_EVERY``-th one's
+# (4 and 1 in 8 learned too slowly: `fixed:auto@3` on self_instruct +3 % instead of +12 %).
+ANSWER_ALL = 16
+ANSWER_EVERY = 4
 
 
 @dataclass(frozen=True)
@@ -45,16 +59,78 @@ class PromptFit:
         return {i: drafters[i].prompt_fit(prompt, window, self.lookback, dctx, shared) for i in which}
 
 
+class RouteMemory:
+    """What routing learns across queries: for each candidate drafter, how much better (or worse) it
+    predicts the answers of the queries it was scored on than their prompts.
+
+    Sampled queries only: under greedy decoding the default routes nearly every query (routing took
+    5.5 % of its wall time on the dev split) and scoring answers cost it 1–6 % more for no gain
+    (NOTES.md, "Session 20"); under sampling, where a model drafter is worth more than a lookup, it
+    paid. A prompt says little about the answer out of the drafters' domains: on self_instruct the
+    prompt fit routed 14 of 40 everyday instructions to the code specialist and 3 to translation,
+    whose answers it then predicted far worse than the generalist (1 − TV 0.57 routed vs 0.63 for
+    the generalist alone, T 0.7). Every routed query's answer is scored by every candidate once it
+    ends (one more batched forward of the drafters, the size of routing's), and each drafter's mean
+    answer-minus-prompt fit, shrunk toward 0 by a few pseudo-queries, is added at ``weight`` to its
+    prompt fit: a specialist whose prompts look like its domain but whose answers do not loses its
+    pull. In its domain the offset is near the others' and routing is as before."""
+
+    def __init__(self, weight: float = ANSWER_WEIGHT, prior_queries: float = ANSWER_PRIOR_QUERIES) -> None:
+        self.weight = weight
+        self.prior_queries = prior_queries
+        self.gap_sum: dict[int, float] = {}  # per drafter: Σ (answer fit − prompt fit) over queries
+        self.queries: dict[int, float] = {}
+        self.ended = 0  # routed queries that ended, scored or not
+
+    def due(self) -> bool:
+        """Score this ended routed query's answer? Every one while the evidence is thin, then one in
+        ``ANSWER_EVERY`` (a count, not a draw: no random state)."""
+        self.ended += 1
+        return min(self.queries.values(), default=0.0) < ANSWER_ALL or self.ended % ANSWER_EVERY == 0
+
+    def offset(self, drafter: int) -> float:
+        """What to add to this drafter's prompt fit."""
+        n = self.queries.get(drafter, 0.0)
+        return self.weight * self.gap_sum.get(drafter, 0.0) / (n + self.prior_queries)
+
+    def observe(self, prompt_rates: dict[int, float], answer_rates: dict[int, float]) -> None:
+        for drafter, answer in answer_rates.items():
+            if drafter in prompt_rates:
+                self.gap_sum[drafter] = self.gap_sum.get(drafter, 0.0) + answer - prompt_rates[drafter]
+                self.queries[drafter] = self.queries.get(drafter, 0.0) + 1.0
+
+    def state_dict(self) -> dict[str, dict[int, float]]:
+        return {"offsets": {d: round(self.offset(d), 4) for d in self.queries}, "queries": dict(self.queries),
+                "ended": self.ended}
+
+
 def route(fit: PromptFit, drafters: Sequence[Drafter], arms: Sequence[Arm], prompt: Sequence[int],
-          which: Sequence[int], arm_drafter: list[int | None], dctx: DraftContext) -> None:
-    """Pick routed arms ``which``'s drafter (in ``arm_drafter``): the candidate that best predicts the prompt."""
+          which: Sequence[int], arm_drafter: list[int | None], dctx: DraftContext,
+          memory: RouteMemory | None = None) -> dict[int, float]:
+    """Pick routed arms ``which``'s drafter (in ``arm_drafter``): the candidate that best predicts the
+    prompt, its fit moved by ``memory``'s offset. Returns the candidates' prompt fits."""
     if not which:
-        return
+        return {}
     rates = fit.rates(drafters, prompt, sorted({i for a in which for i in arms[a].route}), dctx)
     for a in which:
-        best = max(arms[a].route, key=lambda i: rates.get(i, 0.0))  # ties: the first
+        offset = memory.offset if memory is not None else (lambda i: 0.0)
+        best = max(arms[a].route, key=lambda i: rates.get(i, 0.0) + offset(i))  # ties: the first
         arm_drafter[a] = best
         log.debug("arm %s drafts with %s this query", arms[a].name, drafters[best].name)
+    return rates
+
+
+def learn_route(fit: PromptFit, drafters: Sequence[Drafter], memory: RouteMemory, context: Sequence[int],
+                prompt_len: int, prompt_rates: dict[int, float], dctx: DraftContext) -> None:
+    """An ended query: score the candidates its routing scored on the answer's first tokens (top-1
+    on the target's own tokens, as on the prompt) and teach ``memory`` the gap."""
+    answer = len(context) - prompt_len
+    if not prompt_rates or answer < ANSWER_MIN or not memory.due():
+        return
+    window = min(answer, ANSWER_WINDOW)
+    seen = context[: prompt_len + window]
+    answer_fit = PromptFit(window=window, lookback=fit.lookback)
+    memory.observe(prompt_rates, answer_fit.rates(drafters, seen, sorted(prompt_rates), dctx))
 
 
 def prompt_prior(fit: PromptFit, drafters: Sequence[Drafter], arms: Sequence[Arm], policy: Policy,
