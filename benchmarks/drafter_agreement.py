@@ -48,8 +48,12 @@ def main() -> None:
     memory = RouteMemory()
     learned: dict[str, Counter[str]] = defaultdict(Counter)
     learned_agree: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    context_limit = getattr(model.config, "max_position_embeddings", None)
     for index, prompt in enumerate(prompts):
         ids = plain.encode(prompt.text)
+        if context_limit and len(ids) + MAX_NEW > context_limit:  # the target cannot answer it in full
+            print(f"left out prompt {index}: {len(ids)} tokens, more than {context_limit - MAX_NEW}")
+            continue
         answer = plain.generate(ids, max_new_tokens=MAX_NEW, temperature=args.temperature, seed=index).token_ids
         full = torch.tensor([ids + answer])
         start = len(ids) - 1  # the row predicting the answer's first token
@@ -90,4 +94,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from draftwise.errors import DraftwiseError
+
+    try:
+        main()
+    except DraftwiseError as exc:  # bad input: one line, not a traceback
+        raise SystemExit(f"drafter_agreement.py: error: {exc}") from None

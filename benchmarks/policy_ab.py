@@ -49,13 +49,17 @@ def main() -> None:
     parser.add_argument("--pool", default="zoo:all;pld;suffix", help="drafter pool: specs separated by semicolons")
     parser.add_argument("--no-screen", action="append", default=[], metavar="LABEL",
                         help="run this config without the coupled-sampling noise screen (repeatable)")
+    parser.add_argument("--no-route-memory", action="append", default=[], metavar="LABEL",
+                        help="run this config with routing on the prompt alone, as before session 20 "
+                             "(draftwise.engine.routing.RouteMemory off; repeatable)")
     parser.add_argument("--shuffle", type=int, default=None, metavar="SEED",
                         help="run the prompts in a random order (default: grouped by domain, as bench runs them)")
     args = parser.parse_args()
     labels = [item.partition("=")[0] for item in args.config]
-    unknown = sorted(set(args.no_screen) - set(labels))
-    if unknown:
-        parser.error(f"--no-screen {', '.join(unknown)}: no such --config label (labels: {', '.join(labels)})")
+    for option, named in (("--no-screen", args.no_screen), ("--no-route-memory", args.no_route_memory)):
+        unknown = sorted(set(named) - set(labels))
+        if unknown:
+            parser.error(f"{option} {', '.join(unknown)}: no such --config label (labels: {', '.join(labels)})")
     prompts = dev_prompts(args)
     from draftwise import Generator
     from draftwise.drafters import build_drafters
@@ -72,6 +76,8 @@ def main() -> None:
         generators[label] = Generator(model, tokenizer, pool, policy=policy, arms=arms or None)
         if label in args.no_screen:
             generators[label].engine.noise_screen = None
+        if label in args.no_route_memory:
+            generators[label].engine.routes.weight = 0.0
     if args.shuffle is not None:  # learners that keep evidence across queries must not need domain runs
         prompts = [prompts[i] for i in np.random.default_rng(args.shuffle).permutation(len(prompts))]
     ids = [generators["ar"].encode(p.text) for p in prompts]

@@ -373,7 +373,8 @@ def test_the_default_hears_what_no_speculation_would_have_earned(pool, monkeypat
 
 
 def test_routing_learns_which_drafters_answers_fit_worse_than_their_prompts() -> None:
-    from draftwise.engine.routing import RouteMemory
+    from draftwise.drafters import DraftContext
+    from draftwise.engine.routing import PromptFit, RouteMemory, learn_route
 
     memory = RouteMemory(weight=0.5, prior_queries=4.0)
     assert memory.offset(0) == 0.0
@@ -382,6 +383,9 @@ def test_routing_learns_which_drafters_answers_fit_worse_than_their_prompts() ->
     assert memory.offset(0) == pytest.approx(0.5 * 4 * -0.4 / 8) and memory.offset(1) == 0.0
     memory.observe({0: 0.6}, {0: 0.2, 2: 0.9})  # a drafter routing did not score is not learned
     assert 2 not in memory.queries and memory.queries[0] == 5
+    off = RouteMemory(weight=0.0)  # off: nothing scored, nothing learned
+    learn_route(PromptFit(), [], off, list(range(40)), 10, {0: 0.5}, DraftContext())
+    assert off.queries == {} and off.ended == 0 and off.offset(0) == 0.0
 
 
 def test_an_ended_sampled_routed_query_teaches_the_route_memory(pool) -> None:

@@ -77,7 +77,7 @@ class RouteMemory:
     pull. In its domain the offset is near the others' and routing is as before."""
 
     def __init__(self, weight: float = ANSWER_WEIGHT, prior_queries: float = ANSWER_PRIOR_QUERIES) -> None:
-        self.weight = weight
+        self.weight = weight  # 0: off (routing on the prompt alone, no answer scored)
         self.prior_queries = prior_queries
         self.gap_sum: dict[int, float] = {}  # per drafter: Σ (answer fit − prompt fit) over queries
         self.queries: dict[int, float] = {}
@@ -126,7 +126,7 @@ def learn_route(fit: PromptFit, drafters: Sequence[Drafter], memory: RouteMemory
     """An ended query: score the candidates its routing scored on the answer's first tokens (top-1
     on the target's own tokens, as on the prompt) and teach ``memory`` the gap."""
     answer = len(context) - prompt_len
-    if not prompt_rates or answer < ANSWER_MIN or not memory.due():
+    if not prompt_rates or answer < ANSWER_MIN or memory.weight == 0 or not memory.due():
         return
     window = min(answer, ANSWER_WINDOW)
     seen = context[: prompt_len + window]
