@@ -50,3 +50,17 @@ def zoo_target() -> tuple[Any, Any, Any]:
     options = LoadOptions()
     model, tokenizer = load_causal_lm(resolve_zoo_name("zoo:target"), options)
     return model, tokenizer, options
+
+
+def answerable(model: Any, ids: list[list[int]], max_new: int) -> list[int]:
+    """Indices of the prompts the target can continue for ``max_new`` tokens; the others are left
+    out, and said so."""
+    from draftwise.loading import context_limit
+
+    limit = context_limit(model)
+    if limit is None:
+        return list(range(len(ids)))
+    fits = [i for i, tokens in enumerate(ids) if len(tokens) + max_new <= limit]
+    if len(fits) < len(ids):
+        print(f"left out {len(ids) - len(fits)} prompt(s) longer than {limit - max_new} tokens")
+    return fits

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from dev_set import dev_prompts, dev_set_parser, zoo_target  # benchmarks/dev_set.py
+from dev_set import answerable, dev_prompts, dev_set_parser, zoo_target  # benchmarks/dev_set.py
 
 PER_DOMAIN = 3
 MAX_NEW = 128
@@ -32,7 +32,7 @@ def main() -> None:
 
     from draftwise import Generator
     from draftwise.drafters import DraftContext, build_drafters
-    from draftwise.engine.routing import PromptFit, RouteMemory, learn_route
+    from draftwise.engine.routing import PromptFit, RouteMemory, best_fit, learn_route
     from draftwise.verify import Sampling, warp
 
     model, tokenizer, options = zoo_target()
@@ -48,20 +48,18 @@ def main() -> None:
     memory = RouteMemory()
     learned: dict[str, Counter[str]] = defaultdict(Counter)
     learned_agree: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    context_limit = getattr(model.config, "max_position_embeddings", None)
-    for index, prompt in enumerate(prompts):
-        ids = plain.encode(prompt.text)
-        if context_limit and len(ids) + MAX_NEW > context_limit:  # the target cannot answer it in full
-            print(f"left out prompt {index}: {len(ids)} tokens, more than {context_limit - MAX_NEW}")
-            continue
+    encoded = [plain.encode(prompt.text) for prompt in prompts]
+    candidates = range(len(drafters))
+    kept = answerable(model, encoded, MAX_NEW)
+    for index in kept:  # the index seeds the prompt's sampled answer
+        prompt, ids = prompts[index], encoded[index]
         answer = plain.generate(ids, max_new_tokens=MAX_NEW, temperature=args.temperature, seed=index).token_ids
         full = torch.tensor([ids + answer])
         start = len(ids) - 1  # the row predicting the answer's first token
-        rates = fit.rates(drafters, ids, range(len(drafters)), context)
-        pick = names[max(range(len(drafters)), key=lambda i: rates.get(i, 0.0))] if rates else names[0]
+        rates = fit.rates(drafters, ids, candidates, context)
+        pick = names[best_fit(candidates, rates)]
         routed[prompt.domain][pick] += 1
-        moved = names[max(range(len(drafters)), key=lambda i: rates.get(i, 0.0) + memory.offset(i))] if rates \
-            else names[0]
+        moved = names[best_fit(candidates, rates, memory)]
         learned[prompt.domain][moved] += 1
         learn_route(fit, drafters, memory, ids + answer, len(ids), rates, context)
         with torch.inference_mode():
@@ -80,7 +78,7 @@ def main() -> None:
                         cells[prompt.domain][0] += float(per_token.sum())
                         cells[prompt.domain][1] += len(per_token)
     kind = "top-1 agreement (greedy)" if sampling.greedy else f"1 − TV at T {args.temperature}"
-    print(f"{kind} on the target's answers, {len(prompts)} prompts, {MAX_NEW} tokens")
+    print(f"{kind} on the target's answers, {len(kept)} prompts, {MAX_NEW} tokens")
     print(f"{'domain':14s} " + " ".join(f"{n[:7]:>7s}" for n in names)
           + "   routed to (prompts)         routed   learned routing to          learned  best")
     for domain in sorted({p.domain for p in prompts}):

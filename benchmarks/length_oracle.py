@@ -21,7 +21,7 @@ import statistics
 import time
 from collections import defaultdict
 
-from dev_set import dev_prompts, dev_set_parser, zoo_target  # benchmarks/dev_set.py
+from dev_set import answerable, dev_prompts, dev_set_parser, zoo_target  # benchmarks/dev_set.py
 
 PER_DOMAIN = 8
 
@@ -59,8 +59,8 @@ def main() -> None:
     plain = Generator(model, tokenizer, [], policy="fixed")
     lookup = Generator(model, tokenizer, build_drafters(["suffix"], model, tokenizer, options), policy="fixed",
                        arms=f"suffix@{args.draft_len}")
-    limit = model.config.max_position_embeddings - args.max_new_tokens
-    ids = [i for i in (plain.encode(p.text) for p in prompts) if len(i) <= limit]
+    encoded = [plain.encode(p.text) for p in prompts]
+    ids = [encoded[i] for i in answerable(model, encoded, args.max_new_tokens)]
     for gen in (plain, lookup):  # warm-up, untimed; the suffix store starts empty after it
         gen.generate(ids[0], max_new_tokens=16, temperature=args.temperature)
     from draftwise.drafters.suffix import forget_stored_answers

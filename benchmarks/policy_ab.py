@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 
 import numpy as np
-from dev_set import dev_prompts, dev_set_parser, zoo_target  # benchmarks/dev_set.py
+from dev_set import answerable, dev_prompts, dev_set_parser, zoo_target  # benchmarks/dev_set.py
 
 THREADS = 1  # the machine's other core stays free for other work
 PER_DOMAIN = 4  # dev prompts per domain
@@ -81,12 +81,8 @@ def main() -> None:
     if args.shuffle is not None:  # learners that keep evidence across queries must not need domain runs
         prompts = [prompts[i] for i in np.random.default_rng(args.shuffle).permutation(len(prompts))]
     ids = [generators["ar"].encode(p.text) for p in prompts]
-    context = getattr(model.config, "max_position_embeddings", None)
-    if context:  # a prompt the target cannot continue for MAX_NEW tokens is left out, and said so
-        fits = [i for i, tokens in enumerate(ids) if len(tokens) + MAX_NEW <= context]
-        if len(fits) < len(ids):
-            print(f"left out {len(ids) - len(fits)} prompt(s) longer than {context - MAX_NEW} tokens")
-        prompts, ids = [prompts[i] for i in fits], [ids[i] for i in fits]
+    fits = answerable(model, ids, MAX_NEW)
+    prompts, ids = [prompts[i] for i in fits], [ids[i] for i in fits]
     for gen in generators.values():  # warm-up, untimed
         gen.generate(ids[0], max_new_tokens=16, temperature=args.temperature)
     totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])

@@ -107,6 +107,12 @@ class RouteMemory:
                 "ended": self.ended}
 
 
+def best_fit(candidates: Sequence[int], rates: dict[int, float], memory: RouteMemory | None = None) -> int:
+    """The candidate with the best prompt fit (a candidate not scored: 0), moved by ``memory``'s
+    offset when given; ties to the first."""
+    return max(candidates, key=lambda i: rates.get(i, 0.0) + (memory.offset(i) if memory is not None else 0.0))
+
+
 def route(fit: PromptFit, drafters: Sequence[Drafter], arms: Sequence[Arm], prompt: Sequence[int],
           which: Sequence[int], arm_drafter: list[int | None], dctx: DraftContext,
           memory: RouteMemory | None = None) -> dict[int, float]:
@@ -115,9 +121,8 @@ def route(fit: PromptFit, drafters: Sequence[Drafter], arms: Sequence[Arm], prom
     if not which:
         return {}
     rates = fit.rates(drafters, prompt, sorted({i for a in which for i in arms[a].route}), dctx)
-    offset = memory.offset if memory is not None else (lambda i: 0.0)
     for a in which:
-        best = max(arms[a].route, key=lambda i: rates.get(i, 0.0) + offset(i))  # ties: the first
+        best = best_fit(arms[a].route, rates, memory)
         arm_drafter[a] = best
         log.debug("arm %s drafts with %s this query", arms[a].name, drafters[best].name)
     return rates
