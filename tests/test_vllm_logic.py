@@ -258,6 +258,24 @@ def test_suffix_store_is_shared_across_requests():
     assert store.version == 4 and len(store.template.store) == 4
 
 
+def test_a_rest_datastore_drafts_inside_the_proposer(tmp_path):
+    """The REST drafter is a lookup like PLD and suffix here: built once from its datastore at
+    start-up, it drafts continuations the store has seen, and the learner plays it."""
+    from draftwise.datastore import Datastore
+
+    Datastore.from_documents([continuation(i, 80) for i in range(4)], {"vocab_size": FACTS.vocab_size}).save(
+        tmp_path / "store")
+    stats = tmp_path / "stats.jsonl"
+    core, clock = make(ProposerOptions(drafters=(f"rest:store={tmp_path / 'store'}",), stats_file=str(stats),
+                                       log_requests=False))
+    assert [a.name for a in core.arms] == ["rest@8", "none"]
+    rate, outputs = serve(core, clock, batch=2, n_req=4)
+    assert len(outputs) == 4
+    lines = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert sum(line["pulls"].get("rest@8", 0) for line in lines) > 0 and sum(line["accepted"] for line in lines) > 0
+    assert rate > plain_rate(2, n_req=4)
+
+
 def test_warm_start_carries_learning_to_new_requests():
     core, clock = make(ProposerOptions(log_requests=False))
     serve(core, clock, batch=4, n_req=8)
