@@ -129,9 +129,9 @@ def test_bad_options_fail_with_one_clear_error(value, words):
 @pytest.mark.parametrize("options, words", [
     (ProposerOptions(policy="nope"), "unknown policy"),
     (ProposerOptions(drafters=("pdl",)), "unknown drafter"),
-    (ProposerOptions(arms="pld@12,none"), "num_speculative_tokens"),
+    (ProposerOptions(arms="suffix@12,none"), "num_speculative_tokens"),
     (ProposerOptions(policy="hedgespec"), "full-information"),
-    (ProposerOptions(arms="pld|suffix@8,none"), "a union drafts a tree"),
+    (ProposerOptions(drafters=("pld", "suffix"), arms="pld|suffix@8,none"), "a union drafts a tree"),
 ])
 def test_bad_setups_fail_at_start_up(options, words):
     with pytest.raises(DraftwiseError, match=words):
@@ -140,6 +140,8 @@ def test_bad_setups_fail_at_start_up(options, words):
 
 def test_default_policy_watches_every_lookup():
     core, _ = make()
+    assert [a.name for a in core.arms] == ["suffix@8", "none"] and core.learner.context_on == ("suffix",)
+    core, _ = make(ProposerOptions(drafters=("pld", "suffix")))
     assert [a.name for a in core.arms] == ["pld@8", "suffix@8", "none"]
     assert core.learner.context_on == ("pld", "suffix")
     assert contextual_spec("ctx-ucb:on=pld", ["pld", "suffix"]) == "ctx-ucb:on=pld"
@@ -212,7 +214,7 @@ def test_read_view_ignores_unknown_callers():
 @pytest.mark.parametrize("with_view, shuffle", [(True, False), (True, True), (False, True)])
 def test_requests_start_learn_and_finish(with_view, shuffle, tmp_path):
     stats = tmp_path / "stats.jsonl"
-    core, clock = make(ProposerOptions(stats_file=str(stats), log_requests=False))
+    core, clock = make(ProposerOptions(drafters=("pld", "suffix"), stats_file=str(stats), log_requests=False))
     rate, outputs = serve(core, clock, batch=4, n_req=8, with_view=with_view, shuffle=shuffle)
     assert len(outputs) == 8 and not core.states  # every request retired, its state gone
     lines = [json.loads(line) for line in stats.read_text().splitlines()]
@@ -224,7 +226,7 @@ def test_requests_start_learn_and_finish(with_view, shuffle, tmp_path):
 
 
 def test_a_pick_arm_drafts_the_longest_lookup_draft(tmp_path):
-    core, clock = make(ProposerOptions(arms="suffix/pld@8,none", log_requests=False))
+    core, clock = make(ProposerOptions(drafters=("pld", "suffix"), arms="suffix/pld@8,none", log_requests=False))
     assert core.arms[0].pick and core.learner.context_on == ("suffix", "pld")
     lengths = []
     original = core._propose
@@ -301,7 +303,7 @@ def test_drafts_at_batch_one_and_backs_off_under_load():
 
 @pytest.mark.parametrize("policy", ["banditspec-length", "metasd-ucb", "metasd-exp3", "ucb:reward=throughput"])
 def test_papers_learners_run_per_request(policy):
-    core, clock = make(ProposerOptions(policy=policy, log_requests=False))
+    core, clock = make(ProposerOptions(policy=policy, drafters=("pld", "suffix"), log_requests=False))
     rate, outputs = serve(core, clock, batch=4, n_req=6)
     assert len(outputs) == 6 and rate > 0
 

@@ -23,9 +23,9 @@ SAMPLED = [
      "temperature": 0.6},
 ]
 CONFIGS = {
-    "default": {},  # ctx-ucb over pld@8, suffix@8, none
+    "default": {},  # ctx-ucb over suffix@8, none
     "banditspec-length": {"policy": "banditspec-length"},  # UCBSpec over draft lengths 0..8 per request
-    "metasd-ucb": {"policy": "metasd-ucb"},  # MetaSD-UCB over the drafters
+    "metasd-ucb": {"policy": "metasd-ucb", "drafters": ["pld", "suffix"]},  # MetaSD-UCB over two drafters
     "batch-ucbspec": {"mode": "batch"},  # BanditSpec §6.2: one length for the batch
 }
 # The sampled job drafts every step, so that vLLM's rejection sampler has drafts to judge: the zoo

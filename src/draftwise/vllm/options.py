@@ -8,7 +8,7 @@ its worker processes inherit:
   (``'{"policy": "metasd-ucb", "drafters": ["pld", "suffix"]}'``).
 
 Keys (all optional): ``policy`` (a draftwise policy or preset spec, default ``ctx-ucb``),
-``drafters`` (drafter specs, default ``["pld", "suffix"]``), ``arms`` (an arm layout or explicit
+``drafters`` (drafter specs, default ``["suffix"]``: see ``DEFAULT_DRAFTERS``), ``arms`` (an arm layout or explicit
 list, default: the policy's own, see :func:`default_arms`), ``draft_len`` (default: vLLM's
 ``num_speculative_tokens``, which caps every draft), ``mode`` (``request``: one learner per request,
 the default; ``batch``: BanditSpec §6.2, one draft length for the whole batch chosen by UCBSpec — the
@@ -43,7 +43,11 @@ ENV_VAR = "DRAFTWISE_VLLM_CONFIG"
 MODES = ("request", "batch")
 TIME_UNITS = ("plain-step", "seconds")
 DEFAULT_POLICY = "ctx-ucb"
-DEFAULT_DRAFTERS = ("pld", "suffix")
+# The suffix trie alone: its trie holds the prompt (what PLD looks up) and earlier responses. With
+# PLD beside it the default learner ran 0.78–0.90× its speed at c = 1–32 in vLLM on a 2-core CPU
+# (interleaved, `benchmarks/vllm_throughput.py --interleaved`; BENCHMARKS.md, "vLLM proposer →
+# Session 21"): a second lookup every step, and an arm to explore in every request.
+DEFAULT_DRAFTERS = ("suffix",)
 
 
 @dataclass(frozen=True)
