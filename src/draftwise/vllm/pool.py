@@ -17,7 +17,7 @@ from draftwise.drafters import (
     build_drafters,
     make_stop_rule,
 )
-from draftwise.engine.routing import PromptFit
+from draftwise.engine.routing import PromptFit, best_fit
 from draftwise.errors import DraftwiseError
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,7 @@ def route(drafters: Sequence[Drafter], arm: Arm, prompt: Sequence[int]) -> int:
     prompt fit; ties and prompts too short to judge: the first candidate)."""
     if not arm.route:
         return arm.drafter if arm.drafter is not None else -1
-    rates = PromptFit().rates(drafters, prompt, arm.route, DraftContext())
-    return max(arm.route, key=lambda i: rates.get(i, 0.0))
+    return best_fit(arm.route, PromptFit().rates(drafters, prompt, arm.route, DraftContext()))
 
 
 def stop_rules(arms: Sequence[Arm]) -> list[Any]:
