@@ -1,0 +1,202 @@
+"""Where a speculative method's time goes inside vLLM, and what perfect choices would be worth.
+
+Run with the vLLM virtualenv, from the repository root (greedy only; one process, interleaved as
+``vllm_throughput.py --interleaved``)::
+
+    .venv-vllm/bin/python benchmarks/vllm_ceiling.py --concurrency 1 --prompts 32 --out runs/ceiling-c1.json
+
+Every method runs the same prompts chunk by chunk, the order rotating per chunk. Per method: output
+tokens/s (× ``none``), the target's steps (``execute_model`` calls), tokens per step, wall ms per
+step, and the proposer's ms per step (``propose_draft_token_ids``: vLLM's call of the proposer,
+the proposer itself included). Two clairvoyant proposers know the target's greedy answer (run
+first, with ``none``) and bound what any choice could gain:
+
+* ``trim`` — draftwise's suffix drafter at the full length (``fixed`` policy, no load cap), each
+  draft cut to exactly the prefix the target will accept (nothing when that is empty): the ceiling
+  of every stopping or draft-length rule over these drafts.
+* ``perfect`` — the target's own next K tokens: the ceiling of any drafter at K.
+
+Methods: ``none``, ``suffix:K`` (vLLM's suffix decoding, needs ``arctic-inference``), ``ngram:K``,
+``draftwise`` and ``draftwise+LABEL`` with ``--variant LABEL=JSON`` (as in ``vllm_throughput.py``),
+``trim``, ``perfect``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import vllm_throughput as vt
+
+from draftwise.vllm.batch_view import caller_view
+from draftwise.vllm.proposer import Proposer
+
+ANSWERS: list[list[int]] = []  # prompt + greedy answer, per prompt: what the clairvoyant proposers read
+TRIM_CONFIG = {"policy": "fixed", "cap_acceptance": 0, "log_requests": False}
+
+
+def accepted_prefix(draft: Sequence[int], answer: Sequence[int], at: int) -> int:
+    """How many of ``draft``'s tokens the target accepts: its common prefix with ``answer[at:]``.
+
+    >>> accepted_prefix([5, 6, 7], [1, 5, 6, 9], 1)
+    2
+    """
+    k = 0
+    while k < len(draft) and at + k < len(answer) and answer[at + k] == draft[k]:
+        k += 1
+    return k
+
+
+class _Clairvoyant(Proposer):
+    """A proposer that knows each request's greedy answer (found by its tokens so far)."""
+
+    def answer(self, rid: str, tokens: list[int]) -> list[int] | None:
+        known = self.__dict__.setdefault("known", {})
+        answer = known.get(rid)
+        if answer is None or answer[: len(tokens)] != tokens:
+            answer = known[rid] = next((a for a in ANSWERS if a[: len(tokens)] == tokens), None)
+        return answer
+
+    def rows(self, view: Any, sampled: Sequence[Sequence[int]], num_tokens: Any,
+             token_ids: Any) -> list[tuple[int, list[int] | None]]:
+        """Per row: its token count and its request's answer (None while prefilling)."""
+        out = []
+        for row in range(len(sampled)):
+            n = int(num_tokens[row])
+            rid = view.req_ids[row] if view is not None else str(row)
+            out.append((n, self.answer(rid, [int(t) for t in token_ids[row, :n]]) if sampled[row] else None))
+        return out
+
+
+class TrimProposer(_Clairvoyant):
+    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
+                slot_mappings: Any = None) -> list[list[int]]:
+        view = caller_view(len(sampled_token_ids))  # vLLM's frame, as Proposer.propose reads it
+        drafts = self.core.step(view, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        rows = self.rows(view, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        return [list(d[: accepted_prefix(d, answer, n)]) if answer is not None else []
+                for d, (n, answer) in zip(drafts, rows, strict=True)]
+
+
+class PerfectProposer(_Clairvoyant):
+    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
+                slot_mappings: Any = None) -> list[list[int]]:
+        k = self.core.draft_len
+        return [answer[n : n + k] if answer is not None else []
+                for n, answer in self.rows(caller_view(len(sampled_token_ids)), sampled_token_ids,
+                                           num_tokens_no_spec, token_ids_cpu)]
+
+
+def spec_for(method: str, k: int, config: str, variants: dict[str, dict]) -> tuple[dict | None, str]:
+    oracle = {"trim": "TrimProposer", "perfect": "PerfectProposer"}.get(method)
+    if oracle:
+        return ({"method": "custom_class", "model": f"vllm_ceiling.{oracle}", "num_speculative_tokens": k},
+                json.dumps({**TRIM_CONFIG, "arms": f"suffix@{k}"} if method == "trim" else TRIM_CONFIG))
+    return vt.spec_config(method, k, config, variants)
+
+
+class Meter:
+    """Target steps and the proposer's seconds, counted across every engine of this process."""
+
+    def __init__(self) -> None:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        self.steps, self.propose_s = 0, 0.0
+        execute, propose = GPUModelRunner.execute_model, GPUModelRunner.propose_draft_token_ids
+        meter = self
+
+        def counted(runner: Any, *args: Any, **kwargs: Any) -> Any:
+            meter.steps += 1
+            return execute(runner, *args, **kwargs)
+
+        def timed(runner: Any, *args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return propose(runner, *args, **kwargs)
+            finally:
+                meter.propose_s += time.perf_counter() - start
+
+        GPUModelRunner.execute_model = counted  # type: ignore[method-assign]
+        GPUModelRunner.propose_draft_token_ids = timed  # type: ignore[method-assign]
+
+    def read(self) -> tuple[int, float]:
+        return self.steps, self.propose_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", default="none,suffix:8,draftwise,trim,perfect")
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--k", type=int, default=8, help="num_speculative_tokens of draftwise, trim and perfect")
+    parser.add_argument("--draftwise-config", default='{"log_requests": false}')
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL=JSON")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # every engine in this process: one meter
+    import vllm_ceiling  # the module vLLM imports the clairvoyant classes from (not __main__)
+    from vllm import SamplingParams
+    from vllm.platforms import current_platform
+
+    methods = ["none", *[m for m in args.methods.split(",") if m != "none"]]
+    methods = [m for m in methods if vt._available(m)]
+    c = args.concurrency
+    warm, slices = vt.prompt_slices(args.prompts, [c], args.seed)
+    meter = Meter()
+    engines = {}
+    for method in methods:
+        spec, config = spec_for(method, args.k, args.draftwise_config, vt.variants(args.variant))
+        os.environ["DRAFTWISE_VLLM_CONFIG"] = config
+        engines[method] = vt.load_engine(spec, kv_cache_memory_bytes=vt.INTERLEAVED_KV_BYTES)
+        current_platform.register_triton_kernel_overrides = lambda *_, **__: None  # once (vllm_throughput.py)
+    tokenizer = engines["none"].get_tokenizer()
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
+             for t in [*warm, *slices[c]]]
+    warm_texts, texts = texts[: len(warm)], texts[len(warm) :]
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    reference = engines["none"].generate(texts, params, use_tqdm=False)
+    vllm_ceiling.ANSWERS[:] = [[*r.prompt_token_ids, *r.outputs[0].token_ids] for r in reference]
+    for llm in engines.values():
+        llm.generate(warm_texts, SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
+    totals = {m: {"tokens": 0, "seconds": 0.0, "steps": 0, "propose_s": 0.0, "equal": True} for m in methods}
+    for chunk, i in enumerate(range(0, len(texts), c)):
+        for method in vt.rotated(methods, chunk):
+            steps, propose_s = meter.read()
+            start = time.perf_counter()
+            done = engines[method].generate(texts[i : i + c], params, use_tqdm=False)
+            total = totals[method]
+            total["seconds"] += time.perf_counter() - start
+            total["steps"] += meter.steps - steps
+            total["propose_s"] += meter.propose_s - propose_s
+            total["tokens"] += sum(len(r.outputs[0].token_ids) for r in done)
+            total["equal"] &= all(list(r.outputs[0].token_ids) == list(ref.outputs[0].token_ids)
+                                  for r, ref in zip(done, reference[i : i + c], strict=True))
+    base = totals["none"]["tokens"] / totals["none"]["seconds"]
+    lines = [f"c = {c}, {len(texts)} prompts, {args.max_tokens} tokens", "",
+             "| method | tokens/s | × none | steps | tokens/step | ms/step | proposer ms/step | greedy = none |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for method, t in totals.items():
+        rate = t["tokens"] / t["seconds"]
+        t.update(tokens_per_s=rate, ratio=rate / base)
+        lines.append(f"| {method} | {rate:.0f} | {rate / base:.2f} | {t['steps']} | {t['tokens'] / t['steps']:.2f} | "
+                     f"{1000 * t['seconds'] / t['steps']:.2f} | {1000 * t['propose_s'] / t['steps']:.3f} | "
+                     f"{'yes' if t['equal'] else 'NO'} |")
+    table = "\n".join(lines)
+    print(table)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"date": datetime.date.today().isoformat(), "command": sys.argv,
+                                          "seed": args.seed, "table": table, "methods": totals}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
