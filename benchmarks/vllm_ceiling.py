@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import sys
@@ -109,7 +110,8 @@ class Meter:
     def __init__(self) -> None:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-        self.steps, self.propose_s = 0, 0.0
+        self.steps, self.propose_s, self.gc_s, self._gc_start = 0, 0.0, 0.0, 0.0
+        gc.callbacks.append(self._collection)
         execute, propose = GPUModelRunner.execute_model, GPUModelRunner.propose_draft_token_ids
         meter = self
 
@@ -127,8 +129,14 @@ class Meter:
         GPUModelRunner.execute_model = counted  # type: ignore[method-assign]
         GPUModelRunner.propose_draft_token_ids = timed  # type: ignore[method-assign]
 
-    def read(self) -> tuple[int, float]:
-        return self.steps, self.propose_s
+    def _collection(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc_s += time.perf_counter() - self._gc_start
+
+    def read(self) -> tuple[int, float, float]:
+        return self.steps, self.propose_s, self.gc_s
 
 
 def main() -> None:
@@ -168,28 +176,32 @@ def main() -> None:
     vllm_ceiling.ANSWERS[:] = [[*r.prompt_token_ids, *r.outputs[0].token_ids] for r in reference]
     for llm in engines.values():
         llm.generate(warm_texts, SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
-    totals = {m: {"tokens": 0, "seconds": 0.0, "steps": 0, "propose_s": 0.0, "equal": True} for m in methods}
+    totals = {m: {"tokens": 0, "seconds": 0.0, "steps": 0, "propose_s": 0.0, "gc_s": 0.0,
+                      "equal": True} for m in methods}
     for chunk, i in enumerate(range(0, len(texts), c)):
         for method in vt.rotated(methods, chunk):
-            steps, propose_s = meter.read()
+            steps, propose_s, gc_s = meter.read()
             start = time.perf_counter()
             done = engines[method].generate(texts[i : i + c], params, use_tqdm=False)
             total = totals[method]
             total["seconds"] += time.perf_counter() - start
             total["steps"] += meter.steps - steps
             total["propose_s"] += meter.propose_s - propose_s
+            total["gc_s"] += meter.gc_s - gc_s
             total["tokens"] += sum(len(r.outputs[0].token_ids) for r in done)
             total["equal"] &= all(list(r.outputs[0].token_ids) == list(ref.outputs[0].token_ids)
                                   for r, ref in zip(done, reference[i : i + c], strict=True))
     base = totals["none"]["tokens"] / totals["none"]["seconds"]
     lines = [f"c = {c}, {len(texts)} prompts, {args.max_tokens} tokens", "",
-             "| method | tokens/s | × none | steps | tokens/step | ms/step | proposer ms/step | greedy = none |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+             "| method | tokens/s | × none | steps | tokens/step | ms/step | proposer ms/step | GC ms/step "
+             "| greedy = none |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for method, t in totals.items():
         rate = t["tokens"] / t["seconds"]
         t.update(tokens_per_s=rate, ratio=rate / base)
         lines.append(f"| {method} | {rate:.0f} | {rate / base:.2f} | {t['steps']} | {t['tokens'] / t['steps']:.2f} | "
                      f"{1000 * t['seconds'] / t['steps']:.2f} | {1000 * t['propose_s'] / t['steps']:.3f} | "
+                     f"{1000 * t['gc_s'] / t['steps']:.3f} | "
                      f"{'yes' if t['equal'] else 'NO'} |")
     table = "\n".join(lines)
     print(table)

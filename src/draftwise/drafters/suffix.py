@@ -109,7 +109,7 @@ class SuffixTrie:
         """Append ``tokens`` to ``stream``: count each new suffix where its parent (the suffix one
         shorter, one token back) occurred twice or more; longer ones extend a substring seen once
         and need no node. The hot loop of every lookup-led round, written out."""
-        edges, count, depth = self.edges, self.count, self.depth
+        edges, count, best, depth = self.edges, self.count, self.best, self.depth
         own = self.streams[stream.sid]
         for token in tokens:
             prev = stream.nodes  # may gain a node while we go (see _materialize)
@@ -120,10 +120,13 @@ class SuffixTrie:
                 if child is None:
                     child = self._add(parent, token, stream.sid, len(own), length)
                 else:
-                    count[child] += 1
-                    if count[child] == 2:
+                    seen = count[child] = count[child] + 1
+                    if seen == 2:
                         self._materialize(child)
-                    self._promote(parent, child)
+                    lead = best[parent]  # _promote, written out
+                    if lead != child and (lead == NO_CHILD or seen > count[lead]
+                                          or (seen == count[lead] and child < lead)):
+                        best[parent] = child
                 grown.append(child)
                 if length >= depth or length > len(prev):
                     break
@@ -145,7 +148,8 @@ class SuffixTrie:
         self.first.append(NO_CHILD)
         self.sibling.append(self.first[parent])
         self.first[parent] = node
-        self._promote(parent, node)
+        if self.best[parent] == NO_CHILD:  # _promote: a new child (count 1, newest) leads only an empty parent
+            self.best[parent] = node
         return node
 
     def _promote(self, parent: Node, child: Node) -> None:
@@ -243,14 +247,31 @@ class SuffixTrie:
         """The shortest suffix locations of ``context + [token]`` from ``nodes``, those of
         ``context``: exact where ``nodes`` was, possibly short where the trie has grown since
         (:meth:`lengthen`)."""
-        first = self.edges.get(token)  # the root's child
+        edges = self.edges
+        first = edges.get(token)  # the root's child
         if first is None:
             return []
         out = [first]
-        for loc in nodes[: self.depth - 1]:
-            nxt = self.step(loc, token)
-            if nxt is None:
-                break  # that suffix is missing now, so is every longer one
+        # :meth:`step` for each location, written out: this loop runs for every suffix of every
+        # new token of every request (vLLM's proposer pays it per request and step)
+        count, pos, seq, level, streams, depth = self.count, self.pos, self.seq, self.level, self.streams, self.depth
+        for loc in nodes[: depth - 1]:
+            if loc < 0:
+                node, extra = divmod(-1 - loc, _PAST)
+                if count[node] != 1:  # the point's node occurred again since: read it as it is now
+                    node, extra = self._split(self._fresh(loc))
+            else:
+                node, extra = loc, 0
+            if extra == 0 and count[node] != 1:
+                nxt = edges.get(node << _SHIFT | token)
+                if nxt is None:
+                    break  # that suffix is missing now, so is every longer one
+            else:  # below a count-1 node: the rest of its one occurrence
+                at = pos[node] + extra + 1
+                tokens = streams[seq[node]]
+                if at >= len(tokens) or level[node] + extra >= depth or tokens[at] != token:
+                    break
+                nxt = -1 - (node * _PAST + extra + 1)
             out.append(nxt)
         return out
 
@@ -287,7 +308,12 @@ class SuffixTrie:
         ([3, 1], 1.0)
         """
         count, best = self.count, self.best
-        node, extra = self._split(self._fresh(loc))
+        if loc >= 0:  # _split(_fresh(loc)), its common cases written out
+            node, extra = loc, 0
+        else:
+            node, extra = divmod(-1 - loc, _PAST)
+            if count[node] != 1:
+                node, extra = self._split(self._fresh(loc))
         tokens: list[int] = []
         prob, score = 1.0, 0.0
         while extra == 0 and count[node] != 1 and len(tokens) < max_len:
