@@ -11,7 +11,8 @@ step, and the proposer's ms per step (``propose_draft_token_ids``: vLLM's call o
 the proposer itself included). Two clairvoyant proposers know the target's greedy answer (run
 first, with ``none``) and bound what any choice could gain:
 
-* ``trim`` — draftwise's suffix drafter at the full length (``fixed`` policy, no load cap), each
+* ``trim`` — the proposer's default suffix drafter (``arctic-suffix`` where it is installed, else
+  ``suffix``) at the full length (``fixed`` policy, no load cap), each
   draft cut to exactly the prefix the target will accept (nothing when that is empty): the ceiling
   of every stopping or draft-length rule over these drafts.
 * ``perfect`` — the target's own next K tokens: the ceiling of any drafter at K.
@@ -38,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vllm_throughput as vt
 
 from draftwise.vllm.batch_view import caller_view
+from draftwise.vllm.options import default_drafters
 from draftwise.vllm.proposer import Proposer
 
 ANSWERS: list[list[int]] = []  # prompt + greedy answer, per prompt: what the clairvoyant proposers read
@@ -99,8 +101,9 @@ class PerfectProposer(_Clairvoyant):
 def spec_for(method: str, k: int, config: str, variants: dict[str, dict]) -> tuple[dict | None, str]:
     oracle = {"trim": "TrimProposer", "perfect": "PerfectProposer"}.get(method)
     if oracle:
+        drafter = default_drafters()[0]  # the proposer's default suffix drafter: arctic-suffix where installed
         return ({"method": "custom_class", "model": f"vllm_ceiling.{oracle}", "num_speculative_tokens": k},
-                json.dumps({**TRIM_CONFIG, "arms": f"suffix@{k}"} if method == "trim" else TRIM_CONFIG))
+                json.dumps({**TRIM_CONFIG, "arms": f"{drafter}@{k}"} if method == "trim" else TRIM_CONFIG))
     return vt.spec_config(method, k, config, variants)
 
 

@@ -279,3 +279,22 @@ def test_forgetting_answers_leaves_only_the_query_itself() -> None:
     drafter.forget_answers()
     drafter.begin_query(prompt)
     assert drafter.propose(prompt + answer[:4], 4, ctx).tokens == [] and not drafter.store
+
+
+def test_arctic_suffix_without_its_package_is_one_clear_error(monkeypatch) -> None:
+    """``arctic-suffix`` needs arctic-inference (built from source): without it, building the drafter
+    says so and how to install it, or to use ``suffix`` (its tests run where it is installed:
+    tests_vllm/test_arctic_suffix.py)."""
+    import sys
+
+    import pytest
+
+    from draftwise.drafters import build_drafters
+    from draftwise.drafters.arctic_suffix import arctic_available
+    from draftwise.errors import DraftwiseError
+    from draftwise.loading import LoadOptions
+
+    monkeypatch.setitem(sys.modules, "arctic_inference.suffix_decoding", None)  # import fails
+    assert not arctic_available()
+    with pytest.raises(DraftwiseError, match=r"arctic-inference.*pip install.*'suffix'"):
+        build_drafters(["arctic-suffix"], None, None, LoadOptions())

@@ -114,6 +114,20 @@ def test_options_from_inline_json_and_file(tmp_path):
     assert load_options({ENV_VAR: str(path)}).policy == "banditspec-length"
 
 
+def test_the_default_drafter_is_the_native_suffix_trie_where_it_is_installed(monkeypatch):
+    """Unset, ``drafters`` is ``arctic-suffix`` where arctic-inference imports, else ``suffix``;
+    a listed pool is kept as it is."""
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "arctic_inference.suffix_decoding", None)  # import fails
+    assert ProposerOptions().drafters == ("suffix",)
+    monkeypatch.setitem(sys.modules, "arctic_inference.suffix_decoding",
+                        types.SimpleNamespace(SuffixDecodingCache=object))  # imports
+    assert ProposerOptions().drafters == ("arctic-suffix",)
+    assert load_options({ENV_VAR: '{"drafters": ["suffix"]}'}).drafters == ("suffix",)
+
+
 @pytest.mark.parametrize("value, words", [
     ('{"polcy": "ucb"}', "unknown option(s) polcy"),
     ('{"mode": "sideways"}', "mode must be one of"),

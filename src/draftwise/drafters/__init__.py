@@ -1,6 +1,7 @@
 """Drafters and how a spec string becomes one.
 
-Specs: ``pld``, ``pld:max_ngram=4``, ``suffix``, ``suffix:factor=2``, a model path or hub id
+Specs: ``pld``, ``pld:max_ngram=4``, ``suffix``, ``suffix:factor=2``, ``arctic-suffix`` (the
+suffix method on Arctic Inference's C++ tries, when that package is installed), a model path or hub id
 (an :class:`LMDrafter`), ``zoo:NAME`` or ``zoo:all`` (the embedded zoo's drafters),
 ``lm:model=PATH,name=NAME`` with optional draft-tree options ``tree=dynamic|static|sampled``,
 ``topk``, ``budget``, ``depth``, ``shape`` (e.g. ``lm:model=PATH,tree=dynamic,topk=4,budget=16``;
@@ -16,7 +17,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from draftwise.drafters import eagle, medusa  # noqa: F401  (register the head kinds)
+from draftwise.drafters import arctic_suffix, eagle, medusa  # noqa: F401  (register arctic-suffix, the head kinds)
 from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter, ModelDrafter, SharedForwards
 from draftwise.drafters.draft_shapes import TreeOptions, draft_chain, draft_tree
 from draftwise.drafters.lm import LMDrafter

@@ -4,6 +4,7 @@
 * Suffix keeps a per-query trie *and* a store of responses shared by every query: a query's copy
   inserts its response into the shared trie as it grows (concurrent queries draft from each
   other, as SuffixDecoding's global tree does); the template keeps the finished ones for rebuilds.
+* ``arctic-suffix`` keeps both in Arctic Inference's cache: each query's copy holds a request there.
 * REST reads a datastore and keeps no per-query state: one instance serves every query.
 * LM drafters get one KV cache per query (their ``fresh`` copy shares the weights).
 """
@@ -71,13 +72,15 @@ class DrafterPool:
             drafter.begin_query(prompt)
         return out
 
-    def finish(self, tokens: Sequence[int], prompt_len: int) -> None:
-        """A query finished: the templates learn from it (the suffix stores grow)."""
+    def finish(self, tokens: Sequence[int], prompt_len: int, copies: Sequence[Drafter] | None = None) -> None:
+        """A query finished: the suffix stores grow; every other drafter ends the query — its copy
+        (``copies``, the query's own) where it has one, for a copy may hold the query's part of a
+        shared store (``arctic-suffix``'s request in its cache)."""
         for index, drafter in enumerate(self.templates):
             if index in self.stores:
                 self.stores[index].finish(tokens, prompt_len)
             else:
-                drafter.end_query(tokens, prompt_len)
+                (copies[index] if copies is not None else drafter).end_query(tokens, prompt_len)
 
     def refresh(self, drafters: Sequence[Drafter]) -> None:
         """Point a query's suffix copies at their stores as they are now."""

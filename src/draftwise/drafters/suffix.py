@@ -561,8 +561,10 @@ def _draft_noise(ctx: DraftContext, start: int) -> NoiseOf | None:
 
 
 def forget_stored_answers(drafters: Iterable[Drafter]) -> None:
-    """Empty the answer store of every suffix drafter among ``drafters`` (others are left alone):
-    a benchmark's timed run starts cold, not drafting from a warm-up's or a repeat's answers."""
+    """Empty the answer store of every drafter among ``drafters`` that keeps one (``suffix``,
+    ``arctic-suffix``; others are left alone): a benchmark's timed run starts cold, not drafting
+    from a warm-up's or a repeat's answers."""
     for drafter in drafters:
-        if isinstance(drafter, SuffixDrafter):
-            drafter.forget_answers()
+        forget = getattr(drafter, "forget_answers", None)
+        if forget is not None:
+            forget()

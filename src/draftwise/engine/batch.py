@@ -263,7 +263,7 @@ class BatchEngine:
         if stopped_by is not None and query.stopped_by is None:
             query.stopped_by = stopped_by
         lane.engine.finish(query, end_drafters=False)
-        self.pool.finish(query.context, query.prompt_len)
+        self.pool.finish(query.context, query.prompt_len, lane.engine.drafters)
         if lane.engine.history is not None:
             replay(self.policy, lane.engine.history)
         self.target.drop_row(lane.row)

@@ -224,7 +224,7 @@ class ProposerCore:
         return state
 
     def _finish(self, state: RequestState) -> None:
-        self.pool.finish(state.tokens, state.prompt_len)
+        self.pool.finish(state.tokens, state.prompt_len, state.drafters)
         if self.options.mode == "request" and self.learner.keep:
             replay(self.learner, state.history)  # the warm start: as if requests ran one after another
         stats = state.stats()

@@ -8,7 +8,8 @@ its worker processes inherit:
   (``'{"policy": "metasd-ucb", "drafters": ["pld", "suffix"]}'``).
 
 Keys (all optional): ``policy`` (a draftwise policy or preset spec, default ``ctx-ucb``),
-``drafters`` (drafter specs, default ``["suffix"]``: see ``DEFAULT_DRAFTERS``), ``arms`` (an arm layout or explicit
+``drafters`` (drafter specs, default ``["arctic-suffix"]`` where arctic-inference is installed, else
+``["suffix"]``: see ``default_drafters``), ``arms`` (an arm layout or explicit
 list, default: the policy's own, see :func:`default_arms`), ``draft_len`` (default: vLLM's
 ``num_speculative_tokens``, which caps every draft), ``mode`` (``request``: one learner per request,
 the default; ``batch``: BanditSpec §6.2, one draft length for the whole batch chosen by UCBSpec — the
@@ -43,11 +44,22 @@ ENV_VAR = "DRAFTWISE_VLLM_CONFIG"
 MODES = ("request", "batch")
 TIME_UNITS = ("plain-step", "seconds")
 DEFAULT_POLICY = "ctx-ucb"
-# The suffix trie alone: its trie holds the prompt (what PLD looks up) and earlier responses. With
+# The suffix method alone: its trie holds the prompt (what PLD looks up) and earlier responses. With
 # PLD beside it the default learner ran 0.87–0.94× its speed at c = 1–32 in vLLM on a 2-core CPU
 # (interleaved, `benchmarks/vllm_throughput.py --interleaved`; BENCHMARKS.md, "vLLM proposer →
 # Session 21"): a second lookup every step, and an arm to explore in every request.
 DEFAULT_DRAFTERS = ("suffix",)
+# The same method on Arctic Inference's C++ tries, where that package is installed (vLLM's own
+# `suffix` method needs it too): the Python trie's upkeep is paid per request per step, and at
+# c = 4–32 it cost the proposer 11–16 % of its throughput (BENCHMARKS.md, "vLLM proposer → Session 22").
+NATIVE_DRAFTERS = ("arctic-suffix",)
+
+
+def default_drafters() -> tuple[str, ...]:
+    """``arctic-suffix`` where arctic-inference imports, else ``suffix``."""
+    from draftwise.drafters.arctic_suffix import arctic_available
+
+    return NATIVE_DRAFTERS if arctic_available() else DEFAULT_DRAFTERS
 
 
 @dataclass(frozen=True)
@@ -55,7 +67,7 @@ class ProposerOptions:
     """Everything draftwise needs besides what vLLM's config says."""
 
     policy: str = DEFAULT_POLICY
-    drafters: tuple[str, ...] = DEFAULT_DRAFTERS
+    drafters: tuple[str, ...] = field(default_factory=default_drafters)
     arms: str = ""  # "" = the policy's own layout (default_arms)
     draft_len: int = 0  # 0 = vLLM's num_speculative_tokens
     mode: str = "request"
