@@ -39,7 +39,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vllm_throughput as vt
 
 from draftwise.vllm.batch_view import caller_view
-from draftwise.vllm.options import default_drafters
 from draftwise.vllm.proposer import Proposer
 
 ANSWERS: list[list[int]] = []  # prompt + greedy answer, per prompt: what the clairvoyant proposers read
@@ -101,9 +100,9 @@ class PerfectProposer(_Clairvoyant):
 def spec_for(method: str, k: int, config: str, variants: dict[str, dict]) -> tuple[dict | None, str]:
     oracle = {"trim": "TrimProposer", "perfect": "PerfectProposer"}.get(method)
     if oracle:
-        drafter = default_drafters()[0]  # the proposer's default suffix drafter: arctic-suffix where installed
+        # the proposer's default drafter, named `suffix` (arctic-suffix where installed)
         return ({"method": "custom_class", "model": f"vllm_ceiling.{oracle}", "num_speculative_tokens": k},
-                json.dumps({**TRIM_CONFIG, "arms": f"{drafter}@{k}"} if method == "trim" else TRIM_CONFIG))
+                json.dumps({**TRIM_CONFIG, "arms": f"suffix@{k}"} if method == "trim" else TRIM_CONFIG))
     return vt.spec_config(method, k, config, variants)
 
 

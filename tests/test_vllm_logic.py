@@ -115,8 +115,8 @@ def test_options_from_inline_json_and_file(tmp_path):
 
 
 def test_the_default_drafter_is_the_native_suffix_trie_where_it_is_installed(monkeypatch):
-    """Unset, ``drafters`` is ``arctic-suffix`` where arctic-inference imports, else ``suffix``;
-    a listed pool is kept as it is."""
+    """Unset, ``drafters`` is ``arctic-suffix`` (named ``suffix``) where arctic-inference imports,
+    else ``suffix``; a listed pool is kept as it is."""
     import sys
     import types
 
@@ -124,7 +124,7 @@ def test_the_default_drafter_is_the_native_suffix_trie_where_it_is_installed(mon
     assert ProposerOptions().drafters == ("suffix",)
     monkeypatch.setitem(sys.modules, "arctic_inference.suffix_decoding",
                         types.SimpleNamespace(SuffixDecodingCache=object))  # imports
-    assert ProposerOptions().drafters == ("arctic-suffix",)
+    assert ProposerOptions().drafters == ("arctic-suffix:name=suffix",)  # arms name it as before
     assert load_options({ENV_VAR: '{"drafters": ["suffix"]}'}).drafters == ("suffix",)
 
 

@@ -8,9 +8,9 @@ its worker processes inherit:
   (``'{"policy": "metasd-ucb", "drafters": ["pld", "suffix"]}'``).
 
 Keys (all optional): ``policy`` (a draftwise policy or preset spec, default ``ctx-ucb``),
-``drafters`` (drafter specs, default ``["arctic-suffix"]`` where arctic-inference is installed, else
-``["suffix"]``: see ``default_drafters``), ``arms`` (an arm layout or explicit
-list, default: the policy's own, see :func:`default_arms`), ``draft_len`` (default: vLLM's
+``drafters`` (drafter specs, default ``["arctic-suffix:name=suffix"]`` where arctic-inference is
+installed, else ``["suffix"]``: the same method either way, see ``default_drafters``), ``arms`` (an
+arm layout or explicit list, default: the policy's own, see :func:`default_arms`), ``draft_len`` (default: vLLM's
 ``num_speculative_tokens``, which caps every draft), ``mode`` (``request``: one learner per request,
 the default; ``batch``: BanditSpec §6.2, one draft length for the whole batch chosen by UCBSpec — the
 ``banditspec-length`` preset unless ``policy`` names another — one learner per load bucket, each
@@ -52,11 +52,12 @@ DEFAULT_DRAFTERS = ("suffix",)
 # The same method on Arctic Inference's C++ tries, where that package is installed (vLLM's own
 # `suffix` method needs it too): the Python trie's upkeep is paid per request per step, and at
 # c = 4–32 it cost the proposer 11–16 % of its throughput (BENCHMARKS.md, "vLLM proposer → Session 22").
-NATIVE_DRAFTERS = ("arctic-suffix",)
+# Named `suffix` either way, so that arms and statistics do not change with what is installed.
+NATIVE_DRAFTERS = ("arctic-suffix:name=suffix",)
 
 
 def default_drafters() -> tuple[str, ...]:
-    """``arctic-suffix`` where arctic-inference imports, else ``suffix``."""
+    """``arctic-suffix`` (named ``suffix``) where arctic-inference imports, else ``suffix``."""
     from draftwise.drafters.arctic_suffix import arctic_available
 
     return NATIVE_DRAFTERS if arctic_available() else DEFAULT_DRAFTERS
