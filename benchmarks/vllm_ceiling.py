@@ -151,6 +151,8 @@ def main() -> None:
     parser.add_argument("--draftwise-config", default='{"log_requests": false}')
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=JSON")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompt-file", default="", metavar="JSONL",
+                        help="prompts from this file, not the zoo's dev split")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # every engine in this process: one meter
@@ -161,7 +163,7 @@ def main() -> None:
     methods = ["none", *[m for m in args.methods.split(",") if m != "none"]]
     methods = [m for m in methods if vt._available(m)]
     c = args.concurrency
-    warm, slices = vt.prompt_slices(args.prompts, [c], args.seed)
+    warm, slices = vt.prompt_slices(args.prompts, [c], args.seed, args.prompt_file)
     meter = Meter()
     engines = {}
     for method in methods:

@@ -5,15 +5,17 @@ Run with the vLLM virtualenv (README, "Serving with vLLM"), from the repository 
     .venv-vllm/bin/python benchmarks/vllm_throughput.py --out runs/vllm_bench.json \\
         --concurrency 1,4,16,32 --prompts 32 --max-tokens 128
 
-Methods (``--methods``): ``none`` (no speculation), ``ngram:K`` (vLLM's prompt lookup, K draft
-tokens, n-grams 2..3 as MEASURED.md), ``suffix:K`` (vLLM's suffix decoding; needs
-``arctic-inference``, skipped when it does not import), ``draftwise`` (``draftwise.vllm.Proposer``
-with its default options, K = ``--draftwise-k``), ``draftwise-batch`` (its BanditSpec §6.2 batch
-mode), ``draftwise+LABEL`` (the proposer with the options ``--variant LABEL=JSON`` adds, ``"k"``
-among them for its own K: proposer settings A/B'd beside each other). Each method runs in its own
-engine (one subprocess each; vLLM fixes speculation at start-up). Every concurrency level gets its
-own slice of the zoo's dev prompts (chat template, greedy), so nothing a method caches across
-requests (draftwise's and vLLM's suffix stores) has seen the prompts it is timed on; a short
+Prompts: the zoo's dev split, or ``--prompt-file`` (a JSONL prompt file: the out-of-domain check set
+``../shared/data/self_instruct/seed_tasks.jsonl``). Methods (``--methods``): ``none`` (no
+speculation), ``ngram:K`` (vLLM's prompt lookup, K draft tokens, n-grams 2..3 as MEASURED.md),
+``suffix:K`` (vLLM's suffix decoding; needs ``arctic-inference``, skipped when it does not import),
+``draftwise`` (``draftwise.vllm.Proposer`` with its default options, K = ``--draftwise-k``),
+``draftwise-batch`` (its BanditSpec §6.2 batch mode), ``draftwise+LABEL`` (the proposer with the
+options ``--variant LABEL=JSON`` adds, ``"k"`` among them for its own K: proposer settings A/B'd
+beside each other). Each method runs in its own engine (one subprocess each; vLLM fixes speculation
+at start-up). Every concurrency level gets its own slice of the prompts (chat template, greedy), so
+nothing a method caches across requests (draftwise's and vLLM's suffix stores) has seen the prompts
+it is timed on; a short
 warm-up (other prompts) runs first. Prompts run in chunks of c through ``LLM.generate``; tokens/s =
 output tokens / wall time of all chunks. The outputs of every method are compared with ``none``
 token for token (greedy: they must be equal).
@@ -72,16 +74,22 @@ def spec_config(method: str, draftwise_k: int, extra: str = "", variants: dict[s
     raise SystemExit(f"unknown method {method!r}; valid: none, ngram:K, suffix:K, draftwise, draftwise-batch")
 
 
-def prompt_slices(count: int, levels: list[int], seed: int) -> tuple[list[str], dict[int, list[str]]]:
-    """Warm-up prompts and one disjoint slice of the zoo's dev prompts per concurrency level."""
-    from draftwise.bench.datasets import find_zoo_corpus, zoo_prompts
+def prompt_slices(count: int, levels: list[int], seed: int, prompt_file: str = "",
+                  ) -> tuple[list[str], dict[int, list[str]]]:
+    """Warm-up prompts and one disjoint slice per concurrency level: of the zoo's dev prompts, or
+    of ``prompt_file``'s (a JSONL prompt file, e.g. ../shared/data/self_instruct/seed_tasks.jsonl)."""
+    from draftwise.bench.datasets import find_zoo_corpus, load_prompt_file, zoo_prompts
 
-    per_domain = -(-(count * len(levels) + 4) // 7) + 1
-    prompts = [p.text for p in zoo_prompts(find_zoo_corpus(None), "dev", per_domain, seed)]
+    if prompt_file:
+        prompts = [p.text for p in load_prompt_file(prompt_file)]
+    else:
+        per_domain = -(-(count * len(levels) + 4) // 7) + 1
+        prompts = [p.text for p in zoo_prompts(find_zoo_corpus(None), "dev", per_domain, seed)]
     order = [prompts[i] for i in sorted(range(len(prompts)), key=lambda i: (i * 7919) % len(prompts))]
     warm, rest = order[:4], order[4:]
     if len(rest) < count * len(levels):
-        raise SystemExit(f"only {len(rest)} dev prompts for {count} × {len(levels)} levels")
+        raise SystemExit(f"only {len(rest)} prompts for {count} × {len(levels)} levels "
+                         f"({prompt_file or 'the zoo dev split'}; 4 more warm up)")
     return warm, {c: rest[i * count : (i + 1) * count] for i, c in enumerate(levels)}
 
 
@@ -115,7 +123,7 @@ def worker(args: argparse.Namespace) -> None:
 
     methods = args.method.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
-    warm, slices = prompt_slices(args.prompts, levels, args.seed)
+    warm, slices = prompt_slices(args.prompts, levels, args.seed, args.prompt_file)
     # several engines share the memory: each gets a fixed KV cache instead of a share of what is free
     extra = {"kv_cache_memory_bytes": INTERLEAVED_KV_BYTES} if len(methods) > 1 else {}
     engines = {}
@@ -176,6 +184,9 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=JSON",
                         help="options of the method draftwise+LABEL (repeatable)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompt-file", default="", metavar="JSONL",
+                        help="prompts from this file instead of the zoo's dev split (e.g. "
+                             "../shared/data/self_instruct/seed_tasks.jsonl: the out-of-domain check set)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run every method this many times, alternating the order; the summary gives each "
                              "level's ratio to none of the same repeat as mean ± std")
@@ -224,6 +235,7 @@ def run_method(args: argparse.Namespace, method: str, part: Path) -> dict:
                "--concurrency", args.concurrency, "--prompts", str(args.prompts),
                "--max-tokens", str(args.max_tokens), "--draftwise-k", str(args.draftwise_k),
                "--seed", str(args.seed), "--draftwise-config", args.draftwise_config,
+               "--prompt-file", args.prompt_file,
                *[f"--variant={v}" for v in args.variant], *(["--interleaved"] if args.interleaved else [])]
     env = {**os.environ, **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if args.single_process else {})}
     done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
