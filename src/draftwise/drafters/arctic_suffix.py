@@ -7,8 +7,9 @@ implementation, the one vLLM's ``suffix`` method uses). Its drafts agree with ``
 everywhere (inside vLLM at c = 1 on the zoo's dev prompts: 2.63 vs 2.64 tokens per step); what
 differs is the upkeep. Every new token extends up to ``depth`` suffixes in two tries, which in
 Python costs ≈ 70–100 µs a request and step, and vLLM's proposer pays it for every request every
-step: inside vLLM the Python trie took 0.35 ms a step at c = 1 and 1.3–1.5 ms at c = 16, against
-0.08 and 0.36 ms for the C++ one (``benchmarks/vllm_ceiling.py``).
+step: inside vLLM, draftwise's proposer took 0.35 ms a step at c = 1 and ≈ 1.5 ms at c = 16 on the
+Python trie, 0.25 and 0.83 ms on this one (vLLM's own ``suffix`` method: 0.08 and 0.40 ms;
+``benchmarks/vllm_ceiling.py``, BENCHMARKS.md "vLLM proposer → Session 22").
 
 Not available: coupled drafting (``suffix:coupled=1``), trees (``branches``), a token budget for
 the store (Arctic caches whole responses, ``cached_requests`` of them, oldest evicted first).
@@ -26,7 +27,7 @@ from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
 from draftwise.errors import DraftwiseError
 
 INSTALL = ("pip install nanobind==2.9.2 grpcio-tools==1.85.1 && nanobind_DIR=$(python -m nanobind --cmake_dir) "
-           "pip install --no-build-isolation --no-deps arctic-inference")
+           "pip install --no-build-isolation --no-deps arctic-inference==0.3.0")
 
 
 def arctic_available() -> bool:
