@@ -163,7 +163,7 @@ def main() -> None:
     methods = ["none", *[m for m in args.methods.split(",") if m != "none"]]
     methods = [m for m in methods if vt._available(m)]
     c = args.concurrency
-    warm, slices = vt.prompt_slices(args.prompts, [c], args.seed, args.prompt_file)
+    warm, slices = vt.prompt_slices(args.prompts, [c], args.seed, args.prompt_file, args.max_tokens)
     meter = Meter()
     engines = {}
     for method in methods:
@@ -172,8 +172,7 @@ def main() -> None:
         engines[method] = vt.load_engine(spec, kv_cache_memory_bytes=vt.INTERLEAVED_KV_BYTES)
         current_platform.register_triton_kernel_overrides = lambda *_, **__: None  # once (vllm_throughput.py)
     tokenizer = engines["none"].get_tokenizer()
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
-             for t in [*warm, *slices[c]]]
+    texts = [vt.chat_text(tokenizer, t) for t in [*warm, *slices[c]]]
     warm_texts, texts = texts[: len(warm)], texts[len(warm) :]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     reference = engines["none"].generate(texts, params, use_tqdm=False)

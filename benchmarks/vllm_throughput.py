@@ -47,6 +47,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_METHODS = "none,ngram:2,ngram:4,ngram:8,suffix:8,draftwise,draftwise-batch"
+MAX_MODEL_LEN = 1024
 INTERLEAVED_KV_BYTES = 1 << 30  # per engine: ≈ 87k tokens of the zoo target's KV cache, 32 × 1024 with room
 
 
@@ -74,23 +75,39 @@ def spec_config(method: str, draftwise_k: int, extra: str = "", variants: dict[s
     raise SystemExit(f"unknown method {method!r}; valid: none, ngram:K, suffix:K, draftwise, draftwise-batch")
 
 
-def prompt_slices(count: int, levels: list[int], seed: int, prompt_file: str = "",
+def prompt_slices(count: int, levels: list[int], seed: int, prompt_file: str = "", max_tokens: int = 128,
                   ) -> tuple[list[str], dict[int, list[str]]]:
     """Warm-up prompts and one disjoint slice per concurrency level: of the zoo's dev prompts, or
-    of ``prompt_file``'s (a JSONL prompt file, e.g. ../shared/data/self_instruct/seed_tasks.jsonl)."""
+    of ``prompt_file``'s (a JSONL prompt file, e.g. ../shared/data/self_instruct/seed_tasks.jsonl),
+    leaving out those that cannot be answered for ``max_tokens`` within ``MAX_MODEL_LEN``."""
+    from transformers import AutoTokenizer
+
     from draftwise.bench.datasets import find_zoo_corpus, load_prompt_file, zoo_prompts
+    from draftwise.zoo import resolve_zoo_name
 
     if prompt_file:
         prompts = [p.text for p in load_prompt_file(prompt_file)]
     else:
         per_domain = -(-(count * len(levels) + 4) // 7) + 1
         prompts = [p.text for p in zoo_prompts(find_zoo_corpus(None), "dev", per_domain, seed)]
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_zoo_name("zoo:target")))
+    room = MAX_MODEL_LEN - max_tokens
+    fits = [p for p in prompts if len(tokenizer(chat_text(tokenizer, p), add_special_tokens=False).input_ids) <= room]
+    if len(fits) < len(prompts):
+        print(f"left out {len(prompts) - len(fits)} prompt(s) longer than {room} tokens")
+    prompts = fits
     order = [prompts[i] for i in sorted(range(len(prompts)), key=lambda i: (i * 7919) % len(prompts))]
     warm, rest = order[:4], order[4:]
     if len(rest) < count * len(levels):
         raise SystemExit(f"only {len(rest)} prompts for {count} × {len(levels)} levels "
                          f"({prompt_file or 'the zoo dev split'}; 4 more warm up)")
     return warm, {c: rest[i * count : (i + 1) * count] for i, c in enumerate(levels)}
+
+
+def chat_text(tokenizer: Any, text: str) -> str:
+    """One user message in the target's chat template, ready for the assistant's answer."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                         add_generation_prompt=True)
 
 
 def load_engine(spec: dict | None, **extra: Any) -> Any:
@@ -100,8 +117,8 @@ def load_engine(spec: dict | None, **extra: Any) -> Any:
     from draftwise.zoo import resolve_zoo_name
 
     kwargs: dict[str, Any] = {"speculative_config": spec} if spec else {}
-    return LLM(model=str(resolve_zoo_name("zoo:target")), dtype="float32", max_model_len=1024, enforce_eager=True,
-               seed=0, gpu_memory_utilization=0.15, **kwargs, **extra)
+    return LLM(model=str(resolve_zoo_name("zoo:target")), dtype="float32", max_model_len=MAX_MODEL_LEN,
+               enforce_eager=True, seed=0, gpu_memory_utilization=0.15, **kwargs, **extra)
 
 
 def rotated(methods: list[str], chunk: int) -> list[str]:
@@ -123,7 +140,7 @@ def worker(args: argparse.Namespace) -> None:
 
     methods = args.method.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
-    warm, slices = prompt_slices(args.prompts, levels, args.seed, args.prompt_file)
+    warm, slices = prompt_slices(args.prompts, levels, args.seed, args.prompt_file, args.max_tokens)
     # several engines share the memory: each gets a fixed KV cache instead of a share of what is free
     extra = {"kv_cache_memory_bytes": INTERLEAVED_KV_BYTES} if len(methods) > 1 else {}
     engines = {}
@@ -137,8 +154,7 @@ def worker(args: argparse.Namespace) -> None:
     tokenizer = engines[methods[0]].get_tokenizer()
 
     def chat(text: str) -> str:
-        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
+        return chat_text(tokenizer, text)
 
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     for llm in engines.values():
