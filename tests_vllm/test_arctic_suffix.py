@@ -90,3 +90,22 @@ def test_a_draft_stops_at_the_end_of_sequence() -> None:
     drafter = ArcticSuffixDrafter()
     drafter.begin_query([1, 2, 3, 0, 4, 1, 2])
     assert drafter.propose([1, 2, 3, 0, 4, 1, 2], 4, DraftContext(eos_ids=frozenset({0}))).tokens == [3, 0]
+
+
+def test_lossless_in_draftwise_engine_one_query_and_a_batch() -> None:
+    """In draftwise's own engine (one query at a time, and batched rounds whose lanes are pool
+    copies): greedy outputs equal plain decoding's, and the drafter drafts."""
+    from draftwise import Generator
+
+    prompts = ["Repeat after me: one two three four, one two three four, one two three four.",
+               "Write a Python function that returns the square of a number.",
+               "Translate to German: Good morning, how are you today?"]
+    plain = Generator.from_pretrained("zoo:target", [], policy="fixed")
+    expected = [plain.generate(p, max_new_tokens=40).token_ids for p in prompts]
+    gen = Generator.from_pretrained("zoo:target", ["arctic-suffix"], policy="fixed", arms="arctic-suffix@8")
+    singles = [gen.generate(p, max_new_tokens=40) for p in prompts]
+    assert [r.token_ids for r in singles] == expected
+    assert sum(r.stats.accepted for r in singles) > 0
+    batch = gen.generate_batch(prompts, max_new_tokens=40)
+    assert [r.token_ids for r in batch] == expected
+    assert not gen.drafters[0].cache.active_requests  # every query's request stopped
