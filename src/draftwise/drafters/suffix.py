@@ -123,7 +123,7 @@ class SuffixTrie:
                     seen = count[child] = count[child] + 1
                     if seen == 2:
                         self._materialize(child)
-                    lead = best[parent]  # _promote, written out
+                    lead = best[parent]  # the parent's child to follow: the most frequent, the first among equals
                     if lead != child and (lead == NO_CHILD or seen > count[lead]
                                           or (seen == count[lead] and child < lead)):
                         best[parent] = child
@@ -148,16 +148,9 @@ class SuffixTrie:
         self.first.append(NO_CHILD)
         self.sibling.append(self.first[parent])
         self.first[parent] = node
-        if self.best[parent] == NO_CHILD:  # _promote: a new child (count 1, newest) leads only an empty parent
+        if self.best[parent] == NO_CHILD:  # a new child (count 1, the newest) leads only a parent without one
             self.best[parent] = node
         return node
-
-    def _promote(self, parent: Node, child: Node) -> None:
-        count, best = self.count, self.best
-        lead = best[parent]
-        if lead != child and (lead == NO_CHILD or count[child] > count[lead]
-                              or (count[child] == count[lead] and child < lead)):
-            best[parent] = child
 
     def _materialize(self, node: Node) -> None:
         """``node`` just occurred a second time: its first occurrence's next token becomes a node
