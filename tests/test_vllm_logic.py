@@ -210,6 +210,22 @@ def test_attributed_reward_is_load_aware():
     assert length_cap(coef, 1, 8, 0.9) == 8 and length_cap(coef, 32, 8, 0.9) == 0
 
 
+def test_model_drafters_run_on_the_drafter_bank():
+    """Each request's LM drafters run on draftwise's lean batched path, as the engine's do: through
+    transformers' forward a drafted token cost ≈ 4× as much inside vLLM (BENCHMARKS "vLLM proposer
+    → Session 23")."""
+    from draftwise.drafter_bank import BankLM
+
+    core, _ = make(ProposerOptions(drafters=("zoo:generalist",), policy="fixed", arms="generalist@4",
+                                   log_requests=False))
+    tokens = continuation(3, 40)
+    state = core._start("x", tokens, 20)
+    drafter = state.drafters[0]
+    assert drafter.bank is not None and isinstance(drafter.lm, BankLM)
+    assert core.pool.templates[0].bank is None  # the template stays as loaded
+    assert len(core._draft(state, 0, 8)) == 4
+
+
 # -- rows and requests --------------------------------------------------------------------------------
 def test_rows_are_matched_by_tokens_when_ids_are_out_of_reach():
     states = {"a": RequestState("a", 2, [1, 2, 3]), "b": RequestState("b", 2, [7, 8])}

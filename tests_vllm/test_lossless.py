@@ -27,6 +27,7 @@ CONFIGS = {
     "banditspec-length": {"policy": "banditspec-length"},  # UCBSpec over draft lengths 0..8 per request
     "metasd-ucb": {"policy": "metasd-ucb", "drafters": ["pld", "suffix"]},  # MetaSD-UCB over two drafters
     "batch-ucbspec": {"mode": "batch"},  # BanditSpec §6.2: one length for the batch
+    "lm": {"drafters": ["zoo:generalist"], "policy": "fixed"},  # a zoo LM drafter every step, on the drafter bank
 }
 # The sampled job drafts every step, so that vLLM's rejection sampler has drafts to judge: the zoo
 # target at T = 0.6 is flat enough that the default learns to stop drafting within a few requests

@@ -65,9 +65,14 @@ class DrafterPool:
                 out.append(drafter.fresh())
         return out
 
-    def for_request(self, prompt: Sequence[int]) -> list[Drafter]:
-        """One query's drafters, begun on its prompt."""
+    def for_request(self, prompt: Sequence[int], banks: bool = False) -> list[Drafter]:
+        """One query's drafters, begun on its prompt; ``banks``: its small Llama drafters on the lean
+        batched path (:func:`~draftwise.drafter_bank.attach_banks`), as the engine runs them."""
         out = self.copies()
+        if banks:
+            from draftwise.drafter_bank import attach_banks
+
+            attach_banks(out)
         for drafter in out:
             drafter.begin_query(prompt)
         return out
