@@ -226,6 +226,22 @@ def test_model_drafters_run_on_the_drafter_bank():
     assert len(core._draft(state, 0, 8)) == 4
 
 
+def test_model_arms_are_blocked_where_their_drafting_cannot_pay():
+    """A request's LM draft runs while every other request waits: once its cost per drafted token
+    is measured, model arms are played as ``none`` at loads where no draft of theirs pays (inside
+    vLLM a fixed zoo drafter ran 0.48× no speculation at 16 requests before this)."""
+    core, _ = make(ProposerOptions(drafters=("suffix", "zoo:generalist"), log_requests=False))
+    core.costs.coef = np.array([*COST, 0.0])
+    assert core.model_arms == {i for i, a in enumerate(core.arms) if a.name.startswith("generalist")}
+    assert core._unaffordable(16) == frozenset()  # its cost not measured yet
+    core.costs.model_token_s.extend([9e-4] * 4)  # 0.9 ms a drafted token, as inside vLLM on a 2-core CPU
+    assert core._unaffordable(1) == frozenset() and core._unaffordable(16) == core.model_arms
+    state = core._start("x", continuation(3, 40), 20)
+    state.policy.select = lambda: next(iter(core.model_arms))  # a learner that wants the model arm
+    assert core._draft(state, 0, 8, core.model_arms) == [] and state.pending.arm_name == "none"
+    assert len(core._draft(state, 0, 8)) == 4  # where it pays, it drafts
+
+
 # -- rows and requests --------------------------------------------------------------------------------
 def test_rows_are_matched_by_tokens_when_ids_are_out_of_reach():
     states = {"a": RequestState("a", 2, [1, 2, 3]), "b": RequestState("b", 2, [7, 8])}
@@ -270,9 +286,9 @@ def test_a_pick_arm_drafts_the_longest_lookup_draft(tmp_path):
     drafted = []
     original_draft = core._draft
 
-    def draft_spy(state, bucket, cap):
+    def draft_spy(state, bucket, cap, blocked=frozenset()):
         lengths.clear()
-        tokens = original_draft(state, bucket, cap)
+        tokens = original_draft(state, bucket, cap, blocked)
         if state.pending is not None and state.pending.arm == 0:
             drafted.append((len(tokens), max(n for _, n in lengths)))
         return tokens

@@ -54,6 +54,7 @@ DRAFT_COST_KNOWN = 2.0
 COST_FLOOR = np.array([0.0, 1e-6, 1e-6, 0.0])
 REFIT_ALWAYS, REFIT_EVERY = 8, 8  # the fit is solved every step for the first 8, then every 8th
 MODEL_PLAYS_KEPT = 32  # recent model-arm plays a model drafter's token cost is averaged over
+MODEL_COST_KNOWN = 4  # model-arm plays measured before their cost per token decides (every lane / request)
 PROBE_TOKENS = 64  # draft tokens of a step that measures their cost: one such step at batch 32 makes it known
 
 

@@ -67,6 +67,7 @@ from draftwise.engine.routing import PromptFit, RouteMemory
 from draftwise.policies import Policy, make_policy
 from draftwise.policies.base import replay
 from draftwise.step_costs import (
+    MODEL_COST_KNOWN,
     DraftSurvival,
     StepCostModel,
     StepShape,
@@ -82,7 +83,6 @@ log = logging.getLogger(__name__)
 
 DECISIONS = ("query", "batch")
 EXPLORE_CUTS = 8  # every 8th width cut is skipped, so the survival it rests on keeps being measured
-MODEL_COST_KNOWN = 4  # model-arm rounds measured before their cost per token decides for every lane
 
 
 @dataclass

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -25,13 +26,22 @@ from typing import Any
 import numpy as np
 
 from draftwise.arms import NONE, Arm, lookups_among
-from draftwise.drafters import DraftContext
+from draftwise.drafters import DraftContext, ModelDrafter
 from draftwise.drafters.pool import DrafterPool
 from draftwise.errors import DraftwiseError
 from draftwise.policies import make_policy
 from draftwise.policies.base import replay
 from draftwise.policies.contextual import contextual_spec
-from draftwise.step_costs import StepCostModel, StepShape, attribute, batch_times, cut_round, load_bucket
+from draftwise.step_costs import (
+    MODEL_COST_KNOWN,
+    StepCostModel,
+    StepShape,
+    attribute,
+    batch_times,
+    cut_round,
+    length_cap,
+    load_bucket,
+)
 from draftwise.trace import RoundRecord
 from draftwise.vllm.batch_view import BatchView
 from draftwise.vllm.options import ProposerOptions
@@ -93,6 +103,11 @@ class ProposerCore:
         # In plain-step units a round without speculation is worth exactly one token per unit:
         # the no-speculation arm's outcome is known every round without playing it.
         self.none_arm = names.index(NONE) if NONE in names and options.free_none else None
+        self.plain_arm = names.index(NONE) if NONE in names else None
+        # Arms that draft with a model: a request's LM draft runs while every other request waits.
+        self.model_arms = frozenset(i for i, a in enumerate(self.arms)
+                                    if a.drafter is not None and isinstance(drafters[a.drafter], ModelDrafter))
+        self.longest_model_draft = max((self.arms[i].draft_len for i in self.model_arms), default=0)
 
     # -- set-up ------------------------------------------------------------------------------
     def _init_batch(self) -> None:
@@ -148,8 +163,9 @@ class ProposerCore:
                 self._feedback(state, len(sampled[row]), drafted, shape if live else None)
             bucket = load_bucket(len(decode))
             cap = self._cap(len(decode))
+            blocked = self._unaffordable(len(decode))
             for row, state in decode:
-                drafts[row] = self._draft(state, bucket, cap) if cap else []
+                drafts[row] = self._draft(state, bucket, cap, blocked) if cap else []
         return drafts
 
     def _shape(self, view: BatchView | None, ids: Sequence[str], sampled: Sequence[Sequence[int]],
@@ -238,7 +254,11 @@ class ProposerCore:
     # -- feedback ------------------------------------------------------------------------------
     def _feedback(self, state: RequestState, emitted: int, drafted: int, shape: StepShape | None) -> None:
         pending, state.pending = state.pending, None
-        if pending is None or shape is None or not pending.learner:
+        if pending is None or not pending.learner:
+            return
+        if pending.arm in self.model_arms:  # what its drafting cost a token (a draft cut to 0 still paid)
+            self.costs.model_token_s.append(pending.draft_s / max(pending.drafted, 1))
+        if shape is None:
             return
         times = attribute(self.costs.coef, shape, drafted, pending.draft_s, self.options.time_unit)
         record = state.record(pending, emitted, drafted, times.verify, times.draft)
@@ -274,7 +294,20 @@ class ProposerCore:
             return self.draft_len
         return self.costs.cap(requests, self.draft_len, self.options.cap_acceptance)  # probes while c is unknown
 
-    def _draft(self, state: RequestState, bucket: int, cap: int) -> list[int]:
+    def _unaffordable(self, requests: int) -> frozenset[int]:
+        """The model arms when no draft of theirs pays at this load, counting each drafted token's
+        measured drafting time besides its verification (as the batched engine's ``_unaffordable``):
+        requests draft one after another while the whole batch waits, so under load a model draft
+        costs every request its time. Nothing is blocked until ``MODEL_COST_KNOWN`` plays are measured."""
+        token_costs = self.costs.model_token_s
+        if not self.model_arms or self.options.cap_acceptance <= 0 or len(token_costs) < MODEL_COST_KNOWN:
+            return frozenset()
+        token_s = statistics.fmean(token_costs)
+        if length_cap(self.costs.coef, requests, self.longest_model_draft, self.options.cap_acceptance, token_s):
+            return frozenset()
+        return self.model_arms
+
+    def _draft(self, state: RequestState, bucket: int, cap: int, blocked: frozenset[int] = frozenset()) -> list[int]:
         start = self.clock()
         budget = self._budget(state, cap)
         if budget == 0:
@@ -296,6 +329,10 @@ class ProposerCore:
             key = (*key, bucket) if self.options.load_context else key
             policy.set_context(key)
         arm_index = policy.select()
+        if arm_index in blocked:  # a model draft that cannot pay at this load: a plain step
+            if self.plain_arm is None:
+                return []
+            arm_index = self.plain_arm
         arm = self.arms[arm_index]
         tokens: list[int] = []
         if arm.drafter is not None:
