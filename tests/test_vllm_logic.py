@@ -226,20 +226,22 @@ def test_model_drafters_run_on_the_drafter_bank():
     assert len(core._draft(state, 0, 8)) == 4
 
 
-def test_model_arms_are_blocked_where_their_drafting_cannot_pay():
+def test_model_drafts_are_capped_where_their_drafting_does_not_pay():
     """A request's LM draft runs while every other request waits: once its cost per drafted token
-    is measured, model arms are played as ``none`` at loads where no draft of theirs pays (inside
-    vLLM a fixed zoo drafter ran 0.48× no speculation at 16 requests before this)."""
+    is measured, model drafts are cut to the length that pays at the load, and model arms are played
+    as ``none`` where none does (inside vLLM a fixed zoo drafter ran 0.48× no speculation at 16
+    requests before this)."""
     core, _ = make(ProposerOptions(drafters=("suffix", "zoo:generalist"), log_requests=False))
     core.costs.coef = np.array([*COST, 0.0])
     assert core.model_arms == {i for i, a in enumerate(core.arms) if a.name.startswith("generalist")}
-    assert core._unaffordable(16) == frozenset()  # its cost not measured yet
+    assert core._model_cap(16) == 4  # its cost not measured yet: the arm's own length
     core.costs.model_token_s.extend([9e-4] * 4)  # 0.9 ms a drafted token, as inside vLLM on a 2-core CPU
-    assert core._unaffordable(1) == frozenset() and core._unaffordable(16) == core.model_arms
+    assert core._model_cap(1) == 4 and 0 < core._model_cap(2) < 4 and core._model_cap(16) == 0
     state = core._start("x", continuation(3, 40), 20)
     state.policy.select = lambda: next(iter(core.model_arms))  # a learner that wants the model arm
-    assert core._draft(state, 0, 8, core.model_arms) == [] and state.pending.arm_name == "none"
-    assert len(core._draft(state, 0, 8)) == 4  # where it pays, it drafts
+    assert core._draft(state, 0, 8, core._model_cap(16)) == [] and state.pending.arm_name == "none"
+    assert len(core._draft(state, 0, 8, core._model_cap(2))) == core._model_cap(2)
+    assert len(core._draft(state, 0, 8, core._model_cap(1))) == 4  # alone it drafts its whole length
 
 
 # -- rows and requests --------------------------------------------------------------------------------
@@ -286,9 +288,9 @@ def test_a_pick_arm_drafts_the_longest_lookup_draft(tmp_path):
     drafted = []
     original_draft = core._draft
 
-    def draft_spy(state, bucket, cap, blocked=frozenset()):
+    def draft_spy(state, bucket, cap, model_cap=8):
         lengths.clear()
-        tokens = original_draft(state, bucket, cap, blocked)
+        tokens = original_draft(state, bucket, cap, model_cap)
         if state.pending is not None and state.pending.arm == 0:
             drafted.append((len(tokens), max(n for _, n in lengths)))
         return tokens

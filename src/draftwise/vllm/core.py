@@ -18,6 +18,7 @@ import copy
 import json
 import logging
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -163,9 +164,9 @@ class ProposerCore:
                 self._feedback(state, len(sampled[row]), drafted, shape if live else None)
             bucket = load_bucket(len(decode))
             cap = self._cap(len(decode))
-            blocked = self._unaffordable(len(decode))
+            model_cap = self._model_cap(len(decode))
             for row, state in decode:
-                drafts[row] = self._draft(state, bucket, cap, blocked) if cap else []
+                drafts[row] = self._draft(state, bucket, cap, model_cap) if cap else []
         return drafts
 
     def _shape(self, view: BatchView | None, ids: Sequence[str], sampled: Sequence[Sequence[int]],
@@ -294,20 +295,19 @@ class ProposerCore:
             return self.draft_len
         return self.costs.cap(requests, self.draft_len, self.options.cap_acceptance)  # probes while c is unknown
 
-    def _unaffordable(self, requests: int) -> frozenset[int]:
-        """The model arms when no draft of theirs pays at this load, counting each drafted token's
-        measured drafting time besides its verification (as the batched engine's ``_unaffordable``):
-        requests draft one after another while the whole batch waits, so under load a model draft
-        costs every request its time. Nothing is blocked until ``MODEL_COST_KNOWN`` plays are measured."""
+    def _model_cap(self, requests: int) -> int:
+        """The load cap of the model arms' drafts: :func:`~draftwise.step_costs.length_cap` counting
+        each drafted token's measured drafting time besides its verification (the batched engine's
+        rule, ``_unaffordable``) — requests draft one after another while the whole batch waits, so
+        under load a model draft costs every request its time. 0: the model arms are played as
+        ``none``. Uncapped until ``MODEL_COST_KNOWN`` plays are measured."""
         token_costs = self.costs.model_token_s
         if not self.model_arms or self.options.cap_acceptance <= 0 or len(token_costs) < MODEL_COST_KNOWN:
-            return frozenset()
+            return self.longest_model_draft
         token_s = statistics.fmean(token_costs)
-        if length_cap(self.costs.coef, requests, self.longest_model_draft, self.options.cap_acceptance, token_s):
-            return frozenset()
-        return self.model_arms
+        return length_cap(self.costs.coef, requests, self.longest_model_draft, self.options.cap_acceptance, token_s)
 
-    def _draft(self, state: RequestState, bucket: int, cap: int, blocked: frozenset[int] = frozenset()) -> list[int]:
+    def _draft(self, state: RequestState, bucket: int, cap: int, model_cap: int = sys.maxsize) -> list[int]:
         start = self.clock()
         budget = self._budget(state, cap)
         if budget == 0:
@@ -329,14 +329,14 @@ class ProposerCore:
             key = (*key, bucket) if self.options.load_context else key
             policy.set_context(key)
         arm_index = policy.select()
-        if arm_index in blocked:  # a model draft that cannot pay at this load: a plain step
+        if arm_index in self.model_arms and model_cap == 0:  # no model draft pays at this load: a plain step
             if self.plain_arm is None:
                 return []
             arm_index = self.plain_arm
         arm = self.arms[arm_index]
         tokens: list[int] = []
         if arm.drafter is not None:
-            length = min(arm.draft_len, budget)
+            length = min(arm.draft_len, budget, model_cap if arm_index in self.model_arms else budget)
             drafts = [proposals[i][:length] if i in proposals and arm.stop is None
                       else self._propose(state, i, length, state.stops[arm_index])
                       for i in (state.routes.get(arm_index, arm.drafter), *arm.also)]
