@@ -297,10 +297,10 @@ class ProposerCore:
 
     def _model_cap(self, requests: int) -> int:
         """The load cap of the model arms' drafts: :func:`~draftwise.step_costs.length_cap` counting
-        each drafted token's measured drafting time besides its verification (the batched engine's
-        rule, ``_unaffordable``) — requests draft one after another while the whole batch waits, so
-        under load a model draft costs every request its time. 0: the model arms are played as
-        ``none``. Uncapped until ``MODEL_COST_KNOWN`` plays are measured."""
+        each drafted token's measured drafting time besides its verification (the rule by which the
+        batched engine's ``_unaffordable`` blocks them) — requests draft one after another while the
+        whole batch waits, so under load a model draft costs every request its time. 0: the model
+        arms are played as ``none``. Uncapped until ``MODEL_COST_KNOWN`` plays are measured."""
         token_costs = self.costs.model_token_s
         if not self.model_arms or self.options.cap_acceptance <= 0 or len(token_costs) < MODEL_COST_KNOWN:
             return self.longest_model_draft
