@@ -159,15 +159,13 @@ def worker(args: argparse.Namespace) -> None:
                             for m in methods})
     tokenizer = engines[methods[0]].get_tokenizer()
 
-    def chat(text: str) -> str:
-        return chat_text(tokenizer, text)
-
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     for llm in engines.values():
-        llm.generate([chat(t) for t in warm], SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
+        llm.generate([chat_text(tokenizer, t) for t in warm], SamplingParams(temperature=0.0, max_tokens=16),
+                     use_tqdm=False)
     results: dict[str, Any] = {m: {"method": m, "levels": {}} for m in methods}
     for c in levels:
-        texts = [chat(t) for t in slices[c]]
+        texts = [chat_text(tokenizer, t) for t in slices[c]]
         outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
         seconds = dict.fromkeys(methods, 0.0)
         for chunk, i in enumerate(range(0, len(texts), c)):

@@ -30,7 +30,7 @@ import math
 import statistics
 import sys
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -339,6 +339,17 @@ def length_cap(coef: np.ndarray, requests: int, max_len: int, acceptance: float,
         if value > best:
             best, best_len = value, length
     return best_len
+
+
+def model_draft_cap(coef: np.ndarray, requests: int, max_len: int, acceptance: float, token_costs: Sequence[float],
+                    summary: Callable[[Sequence[float]], float] = statistics.fmean) -> int:
+    """:func:`length_cap` for a model drafter, its drafting cost per token (``summary`` of the recent
+    plays' ``token_costs``) counted besides verification: its forwards run query by query while
+    every row waits, so under load no length of it pays. ``max_len`` while fewer than
+    ``MODEL_COST_KNOWN`` plays are measured, or when the cap is off (``acceptance`` 0)."""
+    if acceptance <= 0 or len(token_costs) < MODEL_COST_KNOWN:
+        return max_len
+    return length_cap(coef, requests, max_len, acceptance, summary(token_costs))
 
 
 class PlainRounds:

@@ -73,9 +73,9 @@ from draftwise.step_costs import (
     StepShape,
     best_width,
     cut_round,
-    length_cap,
     load_bucket,
     measured_shares,
+    model_draft_cap,
 )
 from draftwise.trace import RoundRecord
 
@@ -396,10 +396,11 @@ class BatchEngine:
         tokens' verification *and* their forwards, run lane by lane while every row waits."""
         if cap == 0:
             return self.drafting_arms
-        if self.cap_acceptance <= 0 or not self.model_arms or len(self.model_token_s) < MODEL_COST_KNOWN:
+        if not self.model_arms:
             return frozenset()
-        token_s = (statistics.fmean if self.mean_model_cost else statistics.median)(self.model_token_s)
-        if length_cap(self.costs.coef, requests, self.longest_model_draft, self.cap_acceptance, token_s) > 0:
+        summary = statistics.fmean if self.mean_model_cost else statistics.median
+        if model_draft_cap(self.costs.coef, requests, self.longest_model_draft, self.cap_acceptance,
+                           self.model_token_s, summary) > 0:
             return frozenset()
         return self.model_arms
 

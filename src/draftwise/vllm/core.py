@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -34,14 +33,13 @@ from draftwise.policies import make_policy
 from draftwise.policies.base import replay
 from draftwise.policies.contextual import contextual_spec
 from draftwise.step_costs import (
-    MODEL_COST_KNOWN,
     StepCostModel,
     StepShape,
     attribute,
     batch_times,
     cut_round,
-    length_cap,
     load_bucket,
+    model_draft_cap,
 )
 from draftwise.trace import RoundRecord
 from draftwise.vllm.batch_view import BatchView
@@ -103,8 +101,8 @@ class ProposerCore:
         names = [a.name for a in self.arms]
         # In plain-step units a round without speculation is worth exactly one token per unit:
         # the no-speculation arm's outcome is known every round without playing it.
-        self.none_arm = names.index(NONE) if NONE in names and options.free_none else None
         self.plain_arm = names.index(NONE) if NONE in names else None
+        self.none_arm = self.plain_arm if options.free_none else None
         # Arms that draft with a model: a request's LM draft runs while every other request waits.
         self.model_arms = frozenset(i for i, a in enumerate(self.arms)
                                     if a.drafter is not None and isinstance(drafters[a.drafter], ModelDrafter))
@@ -300,12 +298,9 @@ class ProposerCore:
         each drafted token's measured drafting time besides its verification (the rule by which the
         batched engine's ``_unaffordable`` blocks them) — requests draft one after another while the
         whole batch waits, so under load a model draft costs every request its time. 0: the model
-        arms are played as ``none``. Uncapped until ``MODEL_COST_KNOWN`` plays are measured."""
-        token_costs = self.costs.model_token_s
-        if not self.model_arms or self.options.cap_acceptance <= 0 or len(token_costs) < MODEL_COST_KNOWN:
-            return self.longest_model_draft
-        token_s = statistics.fmean(token_costs)
-        return length_cap(self.costs.coef, requests, self.longest_model_draft, self.options.cap_acceptance, token_s)
+        arms are played as ``none``."""
+        return model_draft_cap(self.costs.coef, requests, self.longest_model_draft, self.options.cap_acceptance,
+                               self.costs.model_token_s)
 
     def _draft(self, state: RequestState, bucket: int, cap: int, model_cap: int = sys.maxsize) -> list[int]:
         start = self.clock()
