@@ -96,20 +96,21 @@ def cache_keyword(model: Any) -> str:
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences.
 
-    >>> common_prefix_len([1, 2, 3, 4], [1, 2, 9])
-    2
+    >>> common_prefix_len([1, 2, 3, 4], [1, 2, 9]), common_prefix_len([1, 2], [1, 2, 3]), common_prefix_len([5], [6])
+    (2, 2, 0)
     """
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the usual case: one extends the other (a C-speed comparison)
+    if len(a) > len(b):
+        a, b = b, a
+    n = len(a)
+    if a == b[:n]:  # the usual case: one extends the other (a C-speed comparison)
         return n
-    lo, hi = 0, n  # invariant: a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    # A cache and its next sequence differ near their ends (a rejected draft's tail): gallop back
+    # from the end (each test a C-speed comparison of the prefix), then scan the last stretch.
+    back = 1
+    while back < n and a[: n - back] != b[: n - back]:
+        back *= 2
+    start = max(n - back, 0)  # a[:start] == b[:start]
+    return next((i for i in range(start, n) if a[i] != b[i]), n)
 
 
 class TreeCacheMixin:

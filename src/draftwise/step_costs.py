@@ -33,8 +33,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 # Prior guesses (seconds) for a small model on a CPU, each worth PRIOR_WEIGHT observations; the
 # fit takes over after a few dozen steps.
 PRIOR = (5e-3, 3e-4, 3e-4, 1e-4)
@@ -51,7 +49,8 @@ IDLE_MIN_S = 0.05
 # the cap probes (StepCostModel.cap). The information forgets like the fit, so a cap that stays
 # at 0 probes again once it has faded.
 DRAFT_COST_KNOWN = 2.0
-COST_FLOOR = np.array([0.0, 1e-6, 1e-6, 0.0])
+COST_FLOOR = (0.0, 1e-6, 1e-6, 0.0)
+PRIOR_SCALE = (1.0, 64.0, 256.0, 1024.0)  # typical squared feature sizes: R ~ 8, D ~ 16, P ~ 32
 REFIT_ALWAYS, REFIT_EVERY = 8, 8  # the fit is solved every step for the first 8, then every 8th
 MODEL_PLAYS_KEPT = 32  # recent model-arm plays a model drafter's token cost is averaged over
 MODEL_COST_KNOWN = 4  # model-arm plays measured before their cost per token decides (every lane / request)
@@ -68,12 +67,11 @@ class StepShape:
     seconds: float
     prompt_tokens: int = 0
 
-    def features(self) -> np.ndarray:
-        return np.array([1.0, self.requests, self.draft_tokens, self.prompt_tokens])
+    def features(self) -> tuple[float, float, float, float]:
+        return 1.0, float(self.requests), float(self.draft_tokens), float(self.prompt_tokens)
 
-    def cost(self, coef: Sequence[float] | np.ndarray) -> float:
-        """``coef · features`` in plain floats: right after a forward every numpy call costs ≈ 10×
-        its warm time (caches flushed), and a round makes several."""
+    def cost(self, coef: Sequence[float]) -> float:
+        """``coef · features``."""
         a, b, c, p = (float(v) for v in coef)
         return a + b * self.requests + c * self.draft_tokens + p * self.prompt_tokens
 
@@ -83,17 +81,18 @@ class StepCostModel:
 
     def __init__(self, prior: tuple[float, ...] = PRIOR, weight: float = PRIOR_WEIGHT,
                  forget: float = FORGET) -> None:
-        self.prior_mean = np.asarray(prior, dtype=float)
-        # Prior precision scaled to typical feature sizes (R ~ 8, D ~ 16, P ~ 32), so each
-        # coefficient's prior is worth ``weight`` typical steps.
-        self.prior_prec = weight * np.diag([1.0, 64.0, 256.0, 1024.0])
+        self.prior_mean = tuple(float(v) for v in prior)
+        # Prior precision (diagonal) scaled to typical feature sizes, so each coefficient's prior is
+        # worth ``weight`` typical steps.
+        self.prior_prec = tuple(weight * scale for scale in PRIOR_SCALE)
         self.forget = forget
-        self.gram = np.zeros((4, 4))
-        self.moment = np.zeros(4)
-        self.pending: list[tuple[int, int, int, float]] = []  # steps observed since the last solve
+        # The forgetting sums Σ w·x·xᵀ and Σ w·x·seconds, in plain floats: right after a forward
+        # every numpy call costs ≈ 10× its warm time (caches flushed), and numpy's fit was a fifth
+        # of a 32-row round's bookkeeping.
+        self.gram = [[0.0] * len(PRIOR_SCALE) for _ in PRIOR_SCALE]
+        self.moment = [0.0] * len(PRIOR_SCALE)
         self.steps = 0
-        self.coef = self.prior_mean.copy()
-        self.coef_floats = tuple(float(v) for v in self.coef)
+        self.coef: tuple[float, ...] = self.prior_mean  # a, b, c, p (seconds)
         self.draft_cost_known = False  # see DRAFT_COST_KNOWN
         # What a model drafter's draft token costs a lane (each play's drafting ÷ its tokens, first
         # plays included: the batched engine's ``_unaffordable``). Like the step's own costs it is a
@@ -115,7 +114,7 @@ class StepCostModel:
         return 0 if self.steps % 2 else min(max_len, math.ceil(PROBE_TOKENS / max(requests, 1)))
 
     def predict(self, shape: StepShape) -> float:
-        return shape.cost(self.coef_floats)
+        return shape.cost(self.coef)
 
     def is_idle(self, shape: StepShape) -> bool:
         """A step far slower than predicted included waiting (an idle server), not work."""
@@ -124,11 +123,14 @@ class StepCostModel:
     def observe(self, shape: StepShape) -> bool:
         """Add one measured step; False (and no update) for an idle or empty one. The fit is solved
         every step at first and at each drafted step while ``c`` is unknown, else every REFIT_EVERY
-        steps: it moves little per step, and right after a forward every numpy call costs ≈ 10× its
-        warm time (caches flushed) — observing was a quarter of a 32-row round's bookkeeping."""
+        steps: it moves little per step."""
         if shape.requests <= 0 or shape.seconds <= 0 or self.is_idle(shape):
             return False
-        self.pending.append((shape.requests, shape.draft_tokens, shape.prompt_tokens, shape.seconds))
+        x, forget = shape.features(), self.forget  # the newest step weighs 1, each older one forget× less
+        for i, (xi, row) in enumerate(zip(x, self.gram)):
+            for j, xj in enumerate(x):
+                row[j] = forget * row[j] + xi * xj
+            self.moment[i] = forget * self.moment[i] + xi * shape.seconds
         self.steps += 1
         if (self.steps <= REFIT_ALWAYS or self.steps % REFIT_EVERY == 0
                 or (not self.draft_cost_known and shape.draft_tokens > 0)):
@@ -136,34 +138,47 @@ class StepCostModel:
         return True
 
     def _refit(self) -> None:
-        """Fold the pending steps into the forgetting sums (in order), then solve."""
-        if self.pending:
-            steps = np.array(self.pending, dtype=float)
-            x = np.column_stack([np.ones(len(steps)), steps[:, :3]])
-            weights = self.forget ** np.arange(len(steps) - 1, -1, -1.0)  # the newest step weighs 1
-            decay = self.forget ** len(steps)
-            self.gram = decay * self.gram + (x * weights[:, None]).T @ x
-            self.moment = decay * self.moment + (x * weights[:, None]).T @ steps[:, 3]
-            self.pending.clear()
-        covariance = np.linalg.inv(self.gram + self.prior_prec)  # 4 × 4, the prior keeps it well conditioned
+        """Solve the ridge: coef = (G + Λ)⁻¹ (m + Λ·prior), Λ the prior's diagonal precision."""
+        prec = self.prior_prec
+        matrix = [[g + (prec[i] if i == j else 0.0) for j, g in enumerate(row)] for i, row in enumerate(self.gram)]
+        covariance = invert_spd(matrix)  # the prior keeps it well conditioned
         # posterior variance of c ÷ the prior's: how much tighter the steps pin down a draft token's cost
-        self.draft_cost_known = bool(covariance[2, 2] * self.prior_prec[2, 2] <= 1 / DRAFT_COST_KNOWN)
-        coef = covariance @ (self.moment + self.prior_prec @ self.prior_mean)
-        self.coef = np.maximum(coef, COST_FLOOR)  # costs are never negative
-        self.coef_floats = tuple(float(v) for v in self.coef)
+        self.draft_cost_known = covariance[2][2] * prec[2] <= 1 / DRAFT_COST_KNOWN
+        rhs = [m + p * mean for m, p, mean in zip(self.moment, prec, self.prior_mean)]
+        coef = (sum(c * r for c, r in zip(row, rhs)) for row in covariance)
+        self.coef = tuple(max(v, floor) for v, floor in zip(coef, COST_FLOOR))  # costs are never negative
 
 
-def request_share(coef: np.ndarray, requests: int, drafted: int) -> float:
+def invert_spd(matrix: Sequence[Sequence[float]]) -> list[list[float]]:
+    """The inverse of a small symmetric positive-definite matrix (Gauss–Jordan; its pivots are
+    positive, so none is exchanged).
+
+    >>> invert_spd([[4.0, 2.0], [2.0, 2.0]])
+    [[0.5, -0.5], [-0.5, 1.0]]
+    """
+    n = len(matrix)
+    rows = [[*map(float, row), *(1.0 if i == j else 0.0 for j in range(n))] for i, row in enumerate(matrix)]
+    for k in range(n):
+        pivot = rows[k][k]
+        rows[k] = [v / pivot for v in rows[k]]
+        for i in range(n):
+            if i != k and rows[i][k] != 0.0:
+                factor = rows[i][k]
+                rows[i] = [v - factor * w for v, w in zip(rows[i], rows[k])]
+    return [row[n:] for row in rows]
+
+
+def request_share(coef: Sequence[float], requests: int, drafted: int) -> float:
     """Predicted seconds of one decoding request's part of a step: a/R + b + c·drafted."""
     a, b, c = (float(v) for v in coef[:3])
     return a / max(requests, 1) + b + c * drafted
 
 
-def measured_shares(coef: np.ndarray, shape: StepShape, drafted: Sequence[int]) -> list[float]:
+def measured_shares(coef: Sequence[float], shape: StepShape, drafted: Sequence[int]) -> list[float]:
     """Each request's seconds of a measured step: the step's seconds split in proportion to the
     predicted shares a/R + b + c·drafted (one prediction of the whole step for all of them).
 
-    >>> shares = measured_shares(np.array([0.004, 0.0, 0.001, 0.0]), StepShape(2, 4, 0.012), [0, 4])
+    >>> shares = measured_shares((0.004, 0.0, 0.001, 0.0), StepShape(2, 4, 0.012), [0, 4])
     >>> [round(s, 6) for s in shares]  # predicted 0.002 and 0.006 of 0.008; measured 1.5× that
     [0.003, 0.009]
     """
@@ -180,10 +195,10 @@ class RoundTimes:
     draft: float
 
 
-def attribute(coef: np.ndarray, shape: StepShape, extra: int, draft_s: float, unit: str) -> RoundTimes:
+def attribute(coef: Sequence[float], shape: StepShape, extra: int, draft_s: float, unit: str) -> RoundTimes:
     """One request's part of the step, in ``unit`` (see the module docstring).
 
-    >>> coef = np.array([0.004, 0.0, 0.001, 0.0])
+    >>> coef = (0.004, 0.0, 0.001, 0.0)
     >>> t = attribute(coef, StepShape(requests=1, draft_tokens=4, seconds=0.008), 4, 0.0, "plain-step")
     >>> round(t.verify, 6)  # at batch 1, 4 draft tokens make the step twice a plain one
     2.0
@@ -197,12 +212,12 @@ def attribute(coef: np.ndarray, shape: StepShape, extra: int, draft_s: float, un
     return RoundTimes(share / plain, draft_s / plain)
 
 
-def batch_times(coef: np.ndarray, shape: StepShape, decode_requests: int, draft_s: float, unit: str) -> RoundTimes:
+def batch_times(coef: Sequence[float], shape: StepShape, decode_requests: int, draft_s: float, unit: str) -> RoundTimes:
     """The whole step for the batch-level learner: with ``plain-step``, in units of the predicted
     plain step per decoding request (so tokens per unit = tokens per request per plain step: a
     plain step earns 1 at any load).
 
-    >>> coef = np.array([0.004, 0.001, 0.001, 0.0])
+    >>> coef = (0.004, 0.001, 0.001, 0.0)
     >>> t = batch_times(coef, StepShape(requests=4, draft_tokens=8, seconds=0.02), 4, 0.0, "plain-step")
     >>> round(t.verify, 6)  # predicted 0.016 s against a plain step's 0.008 s for 4 requests
     8.0
@@ -210,8 +225,8 @@ def batch_times(coef: np.ndarray, shape: StepShape, decode_requests: int, draft_
     if unit == "seconds":
         return RoundTimes(shape.seconds, draft_s)
     plain_shape = StepShape(shape.requests, 0, shape.seconds, shape.prompt_tokens)
-    plain = float(coef @ plain_shape.features()) / max(decode_requests, 1)
-    return RoundTimes(float(coef @ shape.features()) / plain, draft_s / plain)
+    plain = plain_shape.cost(coef) / max(decode_requests, 1)
+    return RoundTimes(shape.cost(coef) / plain, draft_s / plain)
 
 
 @dataclass(frozen=True)
@@ -272,13 +287,13 @@ class DraftSurvival:
         return out
 
 
-def best_width(coef: np.ndarray, drafts: Sequence[int], expected: Sequence[float]) -> int:
+def best_width(coef: Sequence[float], drafts: Sequence[int], expected: Sequence[float]) -> int:
     """The width to cut a padded batch's drafts to: the forward pads every row to the longest draft
     (cost ≈ a + b·R + c·R·width), so one row's long draft makes every row pay for its length. The
     width maximizes (R + Σ_rows E[accepted of min(d, width)]) / predicted cost; ``expected[k]`` is
     E[accepted] of a k-token draft (:meth:`DraftSurvival.expected_accepted`).
 
-    >>> coef = np.array([8e-3, 5e-4, 1e-3, 0.0])
+    >>> coef = (8e-3, 5e-4, 1e-3, 0.0)
     >>> sure = [0.0, 0.9, 1.8, 2.7, 3.6, 4.5, 5.4, 6.3, 7.2]
     >>> best_width(coef, [8], sure), best_width(coef, [8, 0, 0, 0], sure), best_width(coef, [8] * 4, sure)
     (8, 0, 8)
@@ -312,7 +327,7 @@ def load_bucket(requests: int) -> int:
 MIN_GAIN = 1.1  # a length must promise 10 % over a plain step: the cost model is an estimate
 
 
-def length_cap(coef: np.ndarray, requests: int, max_len: int, acceptance: float, token_s: float = 0.0) -> int:
+def length_cap(coef: Sequence[float], requests: int, max_len: int, acceptance: float, token_s: float = 0.0) -> int:
     """The draft length worth the most at this load for a drafter whose every token is accepted
     with probability ``acceptance`` (an optimistic one, 0.9 by default): argmax over L of
     (1 + Σ_{k≤L} α^k) / (1 + L·c / (a/R + b)), 0 when no length promises ``MIN_GAIN`` × a plain step.
@@ -321,7 +336,7 @@ def length_cap(coef: np.ndarray, requests: int, max_len: int, acceptance: float,
     even a good drafter pays: the cap is 0 and the proposer skips drafting — and its learners —
     altogether.
 
-    >>> coef = np.array([8e-3, 5e-4, 1e-3, 0.0])
+    >>> coef = (8e-3, 5e-4, 1e-3, 0.0)
     >>> [length_cap(coef, r, 8, 0.9) for r in (1, 4, 16, 32)]
     [8, 4, 0, 0]
 
@@ -341,7 +356,7 @@ def length_cap(coef: np.ndarray, requests: int, max_len: int, acceptance: float,
     return best_len
 
 
-def model_draft_cap(coef: np.ndarray, requests: int, max_len: int, acceptance: float, token_costs: Sequence[float],
+def model_draft_cap(coef: Sequence[float], requests: int, max_len: int, acceptance: float, token_costs: Sequence[float],
                     summary: Callable[[Sequence[float]], float] = statistics.fmean) -> int:
     """:func:`length_cap` for a model drafter, its drafting cost per token (``summary`` of the recent
     plays' ``token_costs``) counted besides verification: its forwards run query by query while

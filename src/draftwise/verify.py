@@ -81,6 +81,8 @@ def verify_greedy(draft: Sequence[int], target_logits: torch.Tensor, choice: Seq
     that argmax per row when already computed (a batch computes every row's at once)."""
     if choice is None:
         choice = target_logits.max(-1).indices.tolist()  # (n + 1,)
+    if not draft:  # a plain round (most rows of a loaded batch)
+        return Verdict(0, choice[0], [])
     matches = [float(d == c) for d, c in zip(draft, choice)]
     accepted = matches.index(0.0) if 0.0 in matches else len(draft)
     return Verdict(accepted, choice[accepted], matches)

@@ -353,9 +353,11 @@ class BatchEngine:
             records.append(record)
         if measure:
             self.survival.observe([(r.drafted, r.accepted) for r in records])
-        if learner is not None and forced is not None:
-            self._batch_feedback(learner, forced, chains, records, clock() - start - seconds)
         timing = self.timing
+        if learner is not None and forced is not None:
+            learned = clock()
+            self._batch_feedback(learner, forced, chains, records, learned - start - seconds)
+            timing.policy_s += clock() - learned
         timing.rounds += 1
         timing.rounds_s += clock() - start
         timing.forward_s += seconds

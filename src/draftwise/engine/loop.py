@@ -251,11 +251,13 @@ class Engine:
         arm = self.none_arm
         if arm is None or arm == record.arm or self.policy.full_information:
             return
+        start = time.perf_counter()
         plain = RoundRecord(index=record.index, arm=arm, arm_name=self.arms[arm].name, max_draft=0, drafted=0,
                             accepted=0, emitted=1, position=record.position, verify_s=seconds)
         self.policy.update(arm, plain)
         if self.history is not None:
             self.history.append((planned.key, arm, plain))
+        record.policy_s += time.perf_counter() - start  # the learner's work, like its own round's update
 
     def _target_logits(self, query: QueryState, draft: Draft) -> torch.Tensor:
         """3. one target forward over the draft (chain or tree): rows after the context and after
@@ -390,8 +392,9 @@ class Engine:
         if rule is not None:
             rule.after_round(len(draft.tokens), verdict.accepted, verdict.next_token)
         new = verified.accepted + [verdict.next_token]
-        eos = next((i for i, token in enumerate(new) if token in query.settings.eos_ids), None)
-        if eos is not None:
+        eos_ids = query.settings.eos_ids
+        if not eos_ids.isdisjoint(new):  # rare: a set test first, the position only then
+            eos = next(i for i, token in enumerate(new) if token in eos_ids)
             new, query.stopped_by = new[: eos + 1], "eos"
         before = len(query.context)
         query.context.extend(new)
