@@ -107,9 +107,11 @@ def test_common_prefix_len() -> None:
     assert common_prefix_len([1, 2, 3], [1, 2, 3]) == 3
     assert common_prefix_len([1, 2, 3, 4], [1, 2, 5, 4]) == 2
     rng = random.Random(1)
-    for _ in range(200):
-        a = [rng.randrange(3) for _ in range(rng.randint(0, 12))]
-        b = a[: rng.randint(0, len(a))] + [rng.randrange(3) for _ in range(rng.randint(0, 5))]
+    for _ in range(500):  # long enough for the search back from the end to take several steps
+        a = [rng.randrange(3) for _ in range(rng.randint(0, 80))]
+        b = a[: rng.randint(0, len(a))] + [rng.randrange(3) for _ in range(rng.randint(0, 12))]
+        if rng.random() < 0.5:
+            a, b = b, a
         expected = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         assert common_prefix_len(a, b) == expected
 

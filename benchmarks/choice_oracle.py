@@ -1,0 +1,343 @@
+"""How much could choosing each round's drafter *and* length gain over the best single drafter? A
+clairvoyant bound, and a replay of causal rules, for issue 17 ("the default ≥ 1.15× the best single
+drafter").
+
+For every prompt the target's own greedy answer is decoded once. Along it, at every answer position
+t, this records what each arm would have accepted had a round started there:
+
+- the lookups (suffix, PLD): the draft each proposes from the context so far (the suffix drafter's
+  store holds the earlier prompts' answers, as in a run), and how many of its tokens match;
+- each LM drafter: how many consecutive tokens from t its greedy choice matches, from one
+  teacher-forced forward over the answer (along matched tokens its own drafts *are* the answer);
+- the causal LM (``--causal-lm``, the generalist): its 8-token greedy draft's confidence per token.
+
+Greedy rounds follow the answer whatever they draft, so any policy's rounds can be replayed exactly:
+
+- the oracle: per prompt the cheapest sequence of rounds (dynamic programme), each round none, a
+  lookup at any length up to its proposal, or an LM drafter at any length up to ``--max-lm``. It
+  knows every acceptance in advance and picks per prompt the LM that serves it best;
+- causal rules (:class:`Rule`): the suffix drafter's proposal when it has at least m tokens, else the
+  causal LM while its confidence stays ≥ h, up to L tokens; every (m, h, L) of a grid.
+
+Costs come from runs on the same prompts in the same process: a round verifying k tokens costs the
+median measured round of ``fixed`` suffix@8 by k (verification, lookups, bookkeeping); an LM round
+of k tokens that plus the median surcharge and k × the median drafting time per token of LM rounds
+timed beside the suffix drafter (the reference rule of ``policy_ab.py``: catch-ups after its
+stretches and the target's colder caches after LM drafting included). The round reading the prompt
+is left out. The replayed suffix@8 and reference rule are checked against their measured rounds.
+
+    python benchmarks/choice_oracle.py --prompt-file ../shared/data/self_instruct/seed_tasks.jsonl \
+        --per-domain 40 --out runs/choice-oracle-si.json
+    python benchmarks/choice_oracle.py --replay runs/choice-oracle-si.json --out again.json
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from dev_set import answerable, dev_prompts, dev_set_parser, zoo_target  # benchmarks/dev_set.py
+from policy_ab import register_rule_policy
+
+PER_DOMAIN = 8
+LOOKUPS = ("suffix", "pld")
+
+
+def run_lengths(matches: Sequence[bool]) -> list[int]:
+    """For each t, how many consecutive matches start at t.
+
+    >>> run_lengths([True, True, False, True])
+    [2, 1, 0, 1]
+    """
+    out = [0] * (len(matches) + 1)
+    for t in range(len(matches) - 1, -1, -1):
+        out[t] = out[t + 1] + 1 if matches[t] else 0
+    return out[:-1]
+
+
+def matched(draft: Sequence[int], truth: Sequence[int]) -> int:
+    """Draft tokens equal to the answer's, from the first on.
+
+    >>> matched([4, 5, 6], [4, 5, 9, 9])
+    2
+    """
+    n = 0
+    for d, a in zip(draft, truth):
+        if d != a:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class Position:
+    """What a round starting at one answer position would accept, per arm."""
+
+    proposed: dict[str, int]  # lookup: its proposal's length (≤ 8)
+    lookup_ok: dict[str, int]  # lookup: its proposal's tokens that match the answer
+    lm_ok: dict[str, int]  # LM drafter: consecutive greedy matches from here
+    confidence: list[float] = field(default_factory=list)  # the causal LM's 8-token draft: max prob per token
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A causal per-round rule: the suffix drafter's whole proposal when it has at least
+    ``min_match`` tokens; else the causal LM drafts while its confidence in the next token stays at
+    least ``confidence`` (up to ``max_lm`` tokens; none at all when the first is below it)."""
+
+    min_match: int
+    confidence: float
+    max_lm: int
+
+    def choose(self, here: Position) -> tuple[str, int]:
+        if here.proposed["suffix"] >= self.min_match:
+            return "suffix", here.proposed["suffix"]
+        k = next((j for j, c in enumerate(here.confidence[: self.max_lm]) if c < self.confidence),
+                 min(self.max_lm, len(here.confidence)))
+        return ("lm", k) if k else ("none", 0)
+
+
+def rule_time(positions: Sequence[Position], verify: dict[int, float], lm_round: dict[int, float], rule: Rule,
+              lm: str) -> float:
+    """The rule's rounds along the answer (exact: greedy rounds follow the answer whatever they draft)."""
+    t, total, n = 0, 0.0, len(positions)
+    while t < n:
+        here = positions[t]
+        arm, k = rule.choose(here)
+        k = min(k, n - t - 1)
+        if arm == "suffix":
+            total += verify_cost(verify, k)
+            t += min(k, here.lookup_ok["suffix"]) + 1
+        elif arm == "lm" and k > 0:
+            total += verify_cost(lm_round, k)
+            t += min(k, here.lm_ok[lm]) + 1
+        else:
+            total += verify_cost(verify, 0)
+            t += 1
+    return total
+
+
+def best_time(positions: Sequence[Position], verify: dict[int, float], lm_round: dict[int, float],
+              lms: Sequence[str], max_lm: int) -> float:
+    """The cheapest way to emit the answer (``len(positions)`` tokens), every round chosen in
+    hindsight: none, a lookup at a length up to its proposal, or an LM drafter (one of ``lms``) up to
+    ``max_lm`` tokens; a round's draft never reaches past the answer's last token.
+
+    >>> pos = [Position({"suffix": 2}, {"suffix": 2}, {}), Position({"suffix": 0}, {"suffix": 0}, {}),
+    ...        Position({"suffix": 0}, {"suffix": 0}, {})]
+    >>> best_time(pos, {0: 1.0, 1: 1.2, 2: 1.5}, {}, [], 4)  # one round drafts 2, all accepted
+    1.5
+    """
+    n = len(positions)
+    best = [0.0] * (n + 1)
+    for t in range(n - 1, -1, -1):
+        room = n - t - 1  # draft tokens that can still be emitted before the target's own
+        here = positions[t]
+        options = [verify_cost(verify, 0) + best[t + 1]]
+        for name, length in here.proposed.items():
+            for k in range(1, min(length, room) + 1):
+                options.append(verify_cost(verify, k) + best[t + min(k, here.lookup_ok[name]) + 1])
+        run = max((here.lm_ok[name] for name in lms), default=0)
+        for k in range(1, min(max_lm if lms else 0, room) + 1):
+            options.append(verify_cost(lm_round, k) + best[t + min(k, run) + 1])
+        best[t] = min(options)
+    return best[0]
+
+
+def fixed_time(positions: Sequence[Position], verify: dict[int, float], name: str, max_len: int) -> float:
+    """The single lookup drafter every round: its whole proposal (up to ``max_len``), verified."""
+    t, total, n = 0, 0.0, len(positions)
+    while t < n:
+        k = min(positions[t].proposed[name], max_len, n - t - 1)
+        total += verify_cost(verify, k)
+        t += min(k, positions[t].lookup_ok[name]) + 1
+    return total
+
+
+def verify_cost(costs: dict[int, float], drafted: int) -> float:
+    """The measured round cost at ``drafted`` tokens, or the nearest longer draft measured."""
+    known = sorted(costs)
+    return costs[next((k for k in known if k >= drafted), known[-1])]
+
+
+def round_costs(records: Sequence[Sequence[Any]], arm: str | None = None, drafting: bool = False) -> dict[int, float]:
+    """Median seconds of a round by tokens drafted (rounds after the first; only ``arm``'s when
+    given), its drafting counted or not."""
+    times: dict[int, list[float]] = defaultdict(list)
+    for trace in records:
+        for r in trace[1:]:
+            if arm is None or r.arm_name == arm:
+                times[r.drafted].append(r.verify_s + r.policy_s + (r.draft_s if drafting else 0.0))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def lm_round_costs(traces: Sequence[Sequence[Any]], arm: str, verify: dict[int, float], longest: int = 8
+                   ) -> dict[int, float]:
+    """An LM round of k tokens: the lookup's round of k tokens, plus what verifying after the LM's
+    drafting costs more (the median surcharge of ``arm``'s rounds: cold caches), plus k × its median
+    drafting time per token (catch-ups included)."""
+    rounds = [r for t in traces for r in t[1:] if r.arm_name == arm and r.drafted]
+    token_s = statistics.median(r.draft_s / r.drafted for r in rounds)
+    surcharge = statistics.median(r.verify_s + r.policy_s - verify_cost(verify, r.drafted) for r in rounds)
+    return {k: verify_cost(verify, k) + surcharge + k * token_s for k in range(1, longest + 1)}
+
+
+def lm_drafts(drafter: Any, ids: list[int], answer: list[int], length: int = 8) -> list[list[float]]:
+    """The drafter's greedy draft of ``length`` tokens at every answer position: the max
+    probability of each drafted token (what a confidence stop sees; its own tokens fed back)."""
+    out = []
+    with torch.inference_mode():
+        for t in range(len(answer)):
+            logits = drafter.lm.logits(ids + answer[:t], 1)[0]
+            confidence = []
+            for j in range(length):
+                probs = torch.softmax(logits.float(), -1)
+                top = int(probs.argmax())
+                confidence.append(float(probs[top]))
+                if j < length - 1:
+                    logits = drafter.lm.extend([top], 1)[0]
+            out.append(confidence)
+    return out
+
+
+def lm_positions(model: Any, ids: list[int], answer: list[int]) -> list[int]:
+    """Consecutive greedy matches of an LM drafter from each answer position (teacher-forced)."""
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids + answer[:-1]])).logits[0]
+    guesses = logits[len(ids) - 1 :].argmax(-1).tolist()
+    return run_lengths([g == a for g, a in zip(guesses, answer)])
+
+
+def collect(args: Any) -> dict[str, Any]:
+    """Decode every prompt, time the fixed runs, and record every answer position's arms."""
+    from draftwise import Generator
+    from draftwise.draft import DraftContext
+    from draftwise.drafter_bank import attach_banks
+    from draftwise.drafters import ModelDrafter, build_drafters
+    from draftwise.drafters.suffix import forget_stored_answers
+
+    register_rule_policy()
+    prompts = dev_prompts(args)
+    model, tokenizer, options = zoo_target()
+    pool = build_drafters(["zoo:all", *LOOKUPS], model, tokenizer, options)
+    attach_banks(pool)
+    lms = {d.name: d for d in pool if isinstance(d, ModelDrafter)}
+    lookups = {d.name: d for d in pool if d.name in LOOKUPS}
+    plain = Generator(model, tokenizer, [], policy="fixed")
+    ids = [plain.encode(p.text) for p in prompts]
+    keep = answerable(model, ids, args.max_new_tokens)
+    prompts, ids = [prompts[i] for i in keep], [ids[i] for i in keep]
+
+    def fixed_run(drafters: list[str], policy: str, arms: str) -> tuple[list[Any], list[list[int]], float]:
+        gen = Generator(model, tokenizer, build_drafters(drafters, model, tokenizer, options), policy=policy, arms=arms)
+        gen.generate(ids[0], max_new_tokens=8)  # warm-up
+        start, traces, outs = time.perf_counter(), [], []
+        for prompt in ids:
+            result = gen.generate(prompt, max_new_tokens=args.max_new_tokens)
+            traces.append(result.trace)
+            outs.append(result.token_ids)
+        return traces, outs, time.perf_counter() - start
+
+    suffix_traces, answers, suffix_wall = fixed_run(["suffix"], "fixed", "suffix@8")
+    # LM rounds cost what they cost beside the lookup (their catch-up after its stretches included):
+    # timed in the reference rule's runs (policy_ab.py: the suffix drafter's draft where it proposes,
+    # else the LM's)
+    lm_arm = f"{args.causal_lm}@4"
+    lm_traces, lm_answers, lm_wall = fixed_run([f"zoo:{args.causal_lm}", "suffix"], "rule:on=suffix",
+                                               f"suffix@8,{lm_arm}")
+    plain.generate(ids[0], max_new_tokens=8)
+    start = time.perf_counter()
+    plain_answers = [plain.generate(p, max_new_tokens=args.max_new_tokens).token_ids for p in ids]
+    plain_wall = time.perf_counter() - start
+    assert plain_answers == answers == lm_answers, "greedy outputs differ"
+    verify = round_costs(suffix_traces)
+    lm_round = lm_round_costs(lm_traces, lm_arm, verify)
+    measured_rounds = sum(r.verify_s + r.policy_s + r.draft_s for t in suffix_traces for r in t[1:])
+
+    forget_stored_answers(lookups.values())  # the store fills prompt by prompt, as the fixed run's did
+    records = []
+    for prompt, prompt_ids, answer in zip(prompts, ids, answers):
+        runs = {name: lm_positions(d.hf_model(), prompt_ids, answer) for name, d in lms.items()}
+        confidence = lm_drafts(lms[args.causal_lm], prompt_ids, answer)
+        for d in lookups.values():
+            d.begin_query(prompt_ids)
+        positions = []
+        for t in range(len(answer)):
+            context = prompt_ids + answer[:t]
+            proposed, ok = {}, {}
+            for name, d in lookups.items():
+                draft = d.propose(context, 8, DraftContext()).tokens
+                proposed[name], ok[name] = len(draft), matched(draft, answer[t:])
+            positions.append({"proposed": proposed, "lookup_ok": ok, "lm_ok": {name: runs[name][t] for name in lms},
+                              "confidence": [round(c, 4) for c in confidence[t]]})
+        for d in lookups.values():
+            d.end_query(prompt_ids + answer, len(prompt_ids))
+        records.append({"id": prompt.id, "domain": prompt.domain, "positions": positions})
+    rule_rounds = sum(r.verify_s + r.policy_s + r.draft_s for t in lm_traces for r in t[1:])
+    return {"verify": verify, "lm_round": lm_round, "measured_rounds_suffix8": measured_rounds,
+            "measured_rounds_rule": rule_rounds,
+            "walls": {"plain": plain_wall, "suffix@8": suffix_wall, f"rule suffix@8,{lm_arm}": lm_wall},
+            "causal_lm": args.causal_lm, "lms": list(lms), "prompts": records}
+
+
+RULES = [Rule(m, h, k) for m in (1, 2, 3, 4) for h in (0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9) for k in (1, 2, 3, 4)]
+
+
+def evaluate(data: dict[str, Any], max_lm: int) -> dict[str, Any]:
+    """The bounds, the causal rules and the single drafters on one collection, in the same costs."""
+    verify = {int(k): v for k, v in data["verify"].items()}
+    lm_round, lm = {int(k): v for k, v in data["lm_round"].items()}, data["causal_lm"]
+    totals: dict[str, float] = defaultdict(float)
+    for record in data["prompts"]:
+        positions = [Position(p["proposed"], p["lookup_ok"], p["lm_ok"], p["confidence"]) for p in record["positions"]]
+        totals["tokens"] += len(positions)
+        totals["plain"] += len(positions) * verify_cost(verify, 0)
+        totals["suffix@8"] += fixed_time(positions, verify, "suffix", 8)
+        totals["pld@8"] += fixed_time(positions, verify, "pld", 8)
+        totals["oracle: lookups"] += best_time(positions, verify, lm_round, [], 0)
+        totals[f"oracle: lookups + {lm}"] += best_time(positions, verify, lm_round, [lm], max_lm)
+        totals["oracle: lookups + the best LM per prompt"] += min(
+            best_time(positions, verify, lm_round, [name], max_lm) for name in data["lms"])
+        for rule in RULES:
+            totals[f"rule {rule.min_match}/{rule.confidence}/{rule.max_lm}"] += rule_time(
+                positions, verify, lm_round, rule, lm)
+    base = totals["suffix@8"]
+    return {"tokens": totals["tokens"],
+            "x_plain": {k: totals["plain"] / v for k, v in totals.items() if k not in ("tokens", "plain")},
+            "x_suffix8": {k: base / v for k, v in totals.items() if k not in ("tokens", "plain")},
+            "check_suffix8_model_vs_measured": base / data["measured_rounds_suffix8"],
+            "check_rule_model_vs_measured": totals["rule 1/0.0/4"] / data["measured_rounds_rule"]}
+
+
+def main() -> None:
+    parser = dev_set_parser(__doc__, PER_DOMAIN)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-lm", type=int, default=4,
+                        help="longest LM draft the oracle may choose (LM rounds are timed at 4 tokens)")
+    parser.add_argument("--causal-lm", default="generalist", help="the LM drafter the causal rules draft with")
+    parser.add_argument("--replay", default=None, metavar="JSON", help="evaluate a saved collection (--out's)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    if args.replay:
+        with open(args.replay) as handle:
+            data = json.load(handle)["data"]
+    else:
+        data = collect(args)
+    result = evaluate(data, args.max_lm)
+    best = max((k for k in result["x_suffix8"] if k.startswith("rule")), key=result["x_suffix8"].get)
+    print(json.dumps({k: v for k, v in result["x_suffix8"].items() if not k.startswith("rule")}, indent=1))
+    print("best rule", best, round(result["x_suffix8"][best], 3), "checks (model ÷ measured): suffix@8",
+          round(result["check_suffix8_model_vs_measured"], 3),
+          "rule 1/0.0/4", round(result["check_rule_model_vs_measured"], 3))
+    with open(args.out, "w") as handle:
+        json.dump({"result": result, "data": data, "args": vars(args)}, handle)
+
+
+if __name__ == "__main__":
+    main()
