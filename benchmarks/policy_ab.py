@@ -12,7 +12,9 @@ its own drafter pool (specs separated by ``;``; default ``--pool``). A pool with
 costs every arm a split prompt prefill, so single-drafter rows are fairest with a pool of that
 drafter alone. ``--shuffle SEED`` mixes the domains: bench groups prompts by domain, which
 favours learners that keep evidence across queries. ``rule`` is a reference policy defined here,
-not a learner: arm 0 when PLD has a match this round, else arm 1.
+not a learner: arm 0 when PLD has a match this round, else arm 1 (``rule:on=suffix``: when the suffix
+drafter has one). A pool spec ``suffix>=N`` is the suffix drafter with proposals shorter than N tokens
+dropped, so ``rule:on=suffix`` over it plays arm 0 only where the suffix drafter proposes ≥ N tokens.
 """
 
 from __future__ import annotations
@@ -42,6 +44,37 @@ def register_rule_policy() -> None:
             return 0 if self.key == (True,) else 1
 
 
+def build_pool(specs: list[str], model: object, tokenizer: object, options: object) -> list:
+    """``build_drafters`` plus ``suffix>=N`` (see the module docstring)."""
+    from draftwise.drafters import build_drafters
+
+    pool = []
+    for spec in specs:
+        name, sep, least = spec.partition(">=")
+        pool.extend(build_drafters([name], model, tokenizer, options))
+        if sep:
+            pool[-1] = MinLength(pool[-1], int(least))
+    return pool
+
+
+class MinLength:
+    """A lookup drafter whose proposals shorter than ``least`` tokens are dropped (reference rules)."""
+
+    def __init__(self, drafter: object, least: int) -> None:
+        self.inner, self.least = drafter, least
+
+    def __getattr__(self, name: str) -> object:  # everything else is the drafter's own
+        if name == "inner":  # not set yet (a copy being made)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def propose(self, context, max_len, ctx, stop=None):  # type: ignore[no-untyped-def]
+        from draftwise.draft import Draft
+
+        draft = self.inner.propose(context, max_len, ctx, stop)
+        return draft if len(draft.tokens) >= self.least else Draft([])
+
+
 def main() -> None:
     parser = dev_set_parser(__doc__, PER_DOMAIN, THREADS, temperature=0.0)
     parser.add_argument("--config", action="append", required=True, help="LABEL=POLICY[|ARMS[|POOL]] (repeatable)")
@@ -62,7 +95,6 @@ def main() -> None:
             parser.error(f"{option} {', '.join(unknown)}: no such --config label (labels: {', '.join(labels)})")
     prompts = dev_prompts(args)
     from draftwise import Generator
-    from draftwise.drafters import build_drafters
     from draftwise.drafters.suffix import forget_stored_answers
 
     register_rule_policy()
@@ -72,7 +104,7 @@ def main() -> None:
         label, _, spec = item.partition("=")
         policy, _, rest = spec.partition("|")
         arms, _, pool_spec = rest.partition("|")
-        pool = build_drafters((pool_spec or args.pool).split(";"), model, tokenizer, options)
+        pool = build_pool((pool_spec or args.pool).split(";"), model, tokenizer, options)
         generators[label] = Generator(model, tokenizer, pool, policy=policy, arms=arms or None)
         if label in args.no_screen:
             generators[label].engine.noise_screen = None
