@@ -41,20 +41,32 @@ def test_the_answers_opening_is_a_context_of_its_own() -> None:
     """``opening=N``: rounds before the answer's N-th token learn apart from the later ones — a
     lookup that fails in the openings is still the leader later (the default, N = 16)."""
     policy = make_policy("ctx-ucb:beta=0.1,opening=16", ["pld@8", "none"], np.random.default_rng(0))
-    assert policy.context_key((True,), 3) == (True, True) and policy.context_key((True,), 16) == (True, False)
-    assert make_policy("ctx-ucb", ["pld@8", "none"], np.random.default_rng(0)).context_key((True,), 3) == (True,)
+    assert policy.context_key((4,), 3) == (True, True) and policy.context_key((4,), 16) == (True, False)
+    assert make_policy("ctx-ucb", ["pld@8", "none"], np.random.default_rng(0)).context_key((4,), 3) == (True,)
     policy.begin_query()
     for _ in range(30):  # openings: the lookup's drafts are rejected, a plain round does better
-        policy.set_context(policy.context_key((True,), 5))
+        policy.set_context(policy.context_key((4,), 5))
         arm = policy.select()
         policy.update(arm, _record(arm, 1, 0.02 if arm == 0 else 0.01))
         if arm == 0:  # as the engine does: what ``none`` would have earned
             policy.update(1, _record(1, 1, 0.01))
     assert policy.select() == 1
-    policy.set_context(policy.context_key((True,), 40))
+    policy.set_context(policy.context_key((4,), 40))
     assert policy.select() == 0  # later in the answer the rule prior still leads with the lookup
     with pytest.raises(DraftwiseError, match="opening"):
         make_policy("ctx-ucb:opening=-1", ["pld@8", "none"], np.random.default_rng(0))
+
+
+def test_a_lookup_proposes_with_at_least_min_match_tokens() -> None:
+    """``min_match=2``: a one-token lookup proposal counts as none, so the prior leads there with the
+    fallback (``fallback=model``: the model arm)."""
+    arms = ["pld@8", "auto@4", "none"]
+    policy = make_policy("ctx-ucb:min_match=2,fallback=model,on=pld", arms, np.random.default_rng(0))
+    assert policy.context_key((1,), 0) == (False,) and policy.context_key((2,), 0) == (True,)
+    assert [policy.leader(policy.context_key((n,), 0)) for n in (0, 1, 2, 8)] == [1, 1, 0, 0]
+    assert make_policy("ctx-ucb", arms, np.random.default_rng(0)).context_key((1,), 0) == (True,)
+    with pytest.raises(DraftwiseError, match="min_match"):
+        make_policy("ctx-ucb:min_match=0", arms, np.random.default_rng(0))
 
 
 def test_evidence_is_kept_across_queries_at_the_decay() -> None:

@@ -276,16 +276,16 @@ class Engine:
         if not self.context_drafters:
             return (self._choose() if imposed is None else imposed), None, 0.0
         start = time.perf_counter()
-        flags = []
+        lengths = []
         for i in self.context_drafters:
             if i is None:
-                flags.append(False)
+                lengths.append(0)
                 continue
             budget = self._lookup_budget(query, i)
             draft = self.drafters[i].propose(query.context, budget, query.dctx)
             proposed[(i, budget)] = draft
-            flags.append(bool(draft.tokens))
-        key = self.policy.context_key(tuple(flags), query.generated)
+            lengths.append(len(draft.tokens))
+        key = self.policy.context_key(tuple(lengths), query.generated)
         lookup_s = time.perf_counter() - start
         self.policy.set_context(key)
         return (self._choose() if imposed is None else imposed), key, lookup_s

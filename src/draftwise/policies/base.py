@@ -137,10 +137,10 @@ class Policy(ABC):
         raise DraftwiseError(f"{type(self).__name__} has no warm-start prior")
 
     # -- decisions and feedback ------------------------------------------------------------
-    def context_key(self, proposing: tuple[bool, ...], position: int) -> tuple[Hashable, ...]:
-        """The context of a round from which ``context_on`` drafters have a proposal and how many
-        tokens the answer has so far (a contextual learner may add to it)."""
-        return proposing
+    def context_key(self, proposed: tuple[int, ...], position: int) -> tuple[Hashable, ...]:
+        """The context of a round from how many tokens each ``context_on`` drafter proposes and how
+        many the answer has so far: which of them have a proposal (a contextual learner may add to it)."""
+        return tuple(n > 0 for n in proposed)
 
     def set_context(self, key: tuple[Hashable, ...]) -> None:
         """Before ``select``: the round's :meth:`context_key` (a caller may add more to the key,

@@ -42,6 +42,12 @@ the target and the hardware, not of one query (a lookup's match rate is, hence i
 model drafting pays (a GPU, a good drafter) the data still win and keep it. Dev: greedy 1.91× vs
 1.83× plain decoding, T 0.7 0.99× vs 0.97× (three runs each); self_instruct: greedy 2.17× vs
 2.14×, T 0.7 1.08× vs 1.06× (BENCHMARKS.md, "Session 11").
+
+``min_match`` (default 1): a lookup counts as proposing only with at least this many tokens. With 2
+and ``fallback=model``, one-token matches go to the model arm: a fixed rule of that shape with the
+generalist ran 1.03–1.10× suffix@8 on the dev split, but the learner over the routed arm did not
+carry it out of domain (session 24: dev +2 %, self_instruct −0.4 %, zoo:test −2.5 % against the
+default), so it is not the default's.
 """
 
 from __future__ import annotations
@@ -97,6 +103,7 @@ class ContextualUCBPolicy(UCBPolicy):
         fallback: str = "none",
         model_decay: float = 1.0,
         opening: int = 0,
+        min_match: int = 1,
         **common: Any,
     ) -> None:
         if lead < 0 or not 0.0 <= lag <= 1.0:
@@ -107,6 +114,11 @@ class ContextualUCBPolicy(UCBPolicy):
             raise DraftwiseError(f"ctx-ucb: model_decay must be in [0, 1] (got {model_decay})")
         if opening < 0:
             raise DraftwiseError(f"ctx-ucb: opening must be >= 0 tokens (got {opening})")
+        if min_match < 1:
+            raise DraftwiseError(f"ctx-ucb: min_match must be >= 1 token (got {min_match})")
+        # A lookup counts as proposing with at least ``min_match`` tokens: a one-token match is
+        # often a guess, and where the fallback drafts, it drafts better.
+        self.min_match = min_match
         self.on = on
         # The answer's first ``opening`` tokens are a context of their own: lookups rarely match
         # there, and what they teach should not stand for the rest of the answer.
@@ -134,7 +146,8 @@ class ContextualUCBPolicy(UCBPolicy):
             return pulls, self.prior_weight * np.asarray(self.prior, dtype=float), float(pulls.sum())
         return np.zeros(self.n_arms), np.zeros(self.n_arms), 0.0
 
-    def context_key(self, proposing: tuple[bool, ...], position: int) -> tuple[Hashable, ...]:
+    def context_key(self, proposed: tuple[int, ...], position: int) -> tuple[Hashable, ...]:
+        proposing = tuple(n >= self.min_match for n in proposed)
         return (*proposing, position < self.opening) if self.opening else proposing
 
     def set_context(self, key: tuple[Hashable, ...]) -> None:

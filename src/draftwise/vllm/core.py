@@ -311,16 +311,16 @@ class ProposerCore:
         proposals: dict[int, list[int]] = {}
         key: Any = None
         if policy.context_on:
-            flags = []
+            lengths = []
             for index in self.context_drafters:
                 if index is None:
-                    flags.append(False)
+                    lengths.append(0)
                     continue
                 proposals[index] = self._propose(state, index, budget)
-                flags.append(bool(proposals[index]))
-            if not any(flags) and all(a.drafter is None or a.drafter in proposals for a in self.arms):
+                lengths.append(len(proposals[index]))
+            if not any(lengths) and all(a.drafter is None or a.drafter in proposals for a in self.arms):
                 return []  # no arm could draft: a plain step, nothing for the learner to learn
-            key = policy.context_key(tuple(flags), state.new_tokens)
+            key = policy.context_key(tuple(lengths), state.new_tokens)
             key = (*key, bucket) if self.options.load_context else key
             policy.set_context(key)
         arm_index = policy.select()
