@@ -237,6 +237,7 @@ def collect(args: Any) -> dict[str, Any]:
     def fixed_run(drafters: list[str], policy: str, arms: str) -> tuple[list[Any], list[list[int]], float]:
         gen = Generator(model, tokenizer, build_drafters(drafters, model, tokenizer, options), policy=policy, arms=arms)
         gen.generate(ids[0], max_new_tokens=8)  # warm-up
+        forget_stored_answers(gen.drafters)  # the suffix store starts empty after it
         start, traces, outs = time.perf_counter(), [], []
         for prompt in ids:
             result = gen.generate(prompt, max_new_tokens=args.max_new_tokens)

@@ -18,6 +18,8 @@ def dev_set_parser(doc: str | None, per_domain: int, threads: int = 1,
     parser.add_argument("--zoo-corpus", default=None,
                         help="zoo build folder (its dev split); default: found as bench does")
     parser.add_argument("--threads", type=int, default=threads)
+    parser.add_argument("--split", default="dev", choices=("dev", "test"),
+                        help="the zoo split (dev: the tuning set; test: held out, an out-of-domain check)")
     parser.add_argument("--prompt-file", default=None, metavar="JSONL",
                         help="these prompts instead of the dev split (e.g. the out-of-domain check set "
                              "../shared/data/self_instruct/seed_tasks.jsonl; --per-domain still limits each domain)")
@@ -29,8 +31,8 @@ def dev_set_parser(doc: str | None, per_domain: int, threads: int = 1,
 
 
 def dev_prompts(args: argparse.Namespace, seed: int = 0) -> list[Any]:
-    """Set the thread count, quiet transformers' progress bars, and sample the dev prompts (or read
-    ``--prompt-file``'s, the first ``--per-domain`` of each domain)."""
+    """Set the thread count, quiet transformers' progress bars, and sample the ``--split`` prompts
+    (or read ``--prompt-file``'s, the first ``--per-domain`` of each domain)."""
     from transformers.utils import logging as hf_logging
 
     from draftwise.bench.datasets import find_zoo_corpus, limit_per_domain, load_prompt_file, zoo_prompts
@@ -39,7 +41,7 @@ def dev_prompts(args: argparse.Namespace, seed: int = 0) -> list[Any]:
     hf_logging.disable_progress_bar()
     if args.prompt_file:
         return limit_per_domain(load_prompt_file(args.prompt_file), args.per_domain)
-    return zoo_prompts(find_zoo_corpus(args.zoo_corpus), "dev", args.per_domain, seed)
+    return zoo_prompts(find_zoo_corpus(args.zoo_corpus), args.split, args.per_domain, seed)
 
 
 def zoo_target() -> tuple[Any, Any, Any]:
