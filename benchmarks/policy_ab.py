@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from dev_set import answerable, dev_prompts, dev_set_parser, zoo_target  # benchmarks/dev_set.py
@@ -44,7 +46,7 @@ def register_rule_policy() -> None:
             return 0 if self.key == (True,) else 1
 
 
-def build_pool(specs: list[str], model: object, tokenizer: object, options: object) -> list:
+def build_pool(specs: list[str], model: Any, tokenizer: Any, options: Any) -> list[Any]:
     """``build_drafters`` plus ``suffix>=N`` (see the module docstring)."""
     from draftwise.drafters import build_drafters
 
@@ -60,15 +62,15 @@ def build_pool(specs: list[str], model: object, tokenizer: object, options: obje
 class MinLength:
     """A lookup drafter whose proposals shorter than ``least`` tokens are dropped (reference rules)."""
 
-    def __init__(self, drafter: object, least: int) -> None:
+    def __init__(self, drafter: Any, least: int) -> None:
         self.inner, self.least = drafter, least
 
-    def __getattr__(self, name: str) -> object:  # everything else is the drafter's own
+    def __getattr__(self, name: str) -> Any:  # everything else is the drafter's own
         if name == "inner":  # not set yet (a copy being made)
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    def propose(self, context, max_len, ctx, stop=None):  # type: ignore[no-untyped-def]
+    def propose(self, context: Sequence[int], max_len: int, ctx: Any, stop: Any = None) -> Any:
         from draftwise.draft import Draft
 
         draft = self.inner.propose(context, max_len, ctx, stop)
