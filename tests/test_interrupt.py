@@ -8,8 +8,13 @@ import time
 
 import numpy as np
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
 from draftwise import Generator
+from draftwise.draft import Draft
+from draftwise.drafters import Drafter
+from draftwise.grad_modes import GradModes, interrupted
 
 
 class Alarm:
@@ -27,6 +32,7 @@ class Alarm:
     def run(self, delay: float, call) -> str:
         """Run ``call`` with an interrupt due after ``delay`` seconds: how it ended."""
         outcome = "finished"
+        modes = GradModes.now()
         try:
             try:
                 self.armed = True
@@ -36,7 +42,8 @@ class Alarm:
             finally:
                 self.armed = False
                 signal.setitimer(signal.ITIMER_REAL, 0)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as error:  # outside the engine's own catch: restore torch's modes here
+            interrupted(error, modes)
             outcome = "raised"
         return outcome
 
@@ -91,3 +98,51 @@ def test_stop_string_is_found_however_many_tokens_a_round_emits(tiny_models, dra
     assert result.stats.stopped_by == "stop_string"
     assert result.token_ids == reference[: position + 1]
     assert result.stats.mat > (4 if draft_len == 16 else 1.5)  # whole drafts were accepted
+
+
+class StrandsInferenceMode(Drafter):
+    """Interrupted inside a nested inference-mode guard's entry, after the guard took effect and
+    before its ``with`` began (what a timer signal or Ctrl-C can hit): the outer guard exits as the
+    interrupt passes, the inner one only when its traceback is freed — restoring inference mode *on*."""
+
+    name = "strands"
+
+    @torch.inference_mode()
+    def propose(self, context, max_len, ctx, stop=None) -> Draft:
+        inner = torch._C._InferenceMode(True)
+        inner.__enter__()
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_an_interrupt_leaves_torchs_grad_modes_as_it_found_them(tiny_models, batched) -> None:
+    """After an interrupted generation autograd still works (a stranded inference mode or autograd
+    switched off would fail every later training step of the process)."""
+    gen = Generator(AutoModelForCausalLM.from_pretrained(str(tiny_models["llama-target"])), None,
+                    [StrandsInferenceMode()], policy="fixed:0")
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 10, 11]
+    if batched:
+        result = gen.generate_batch([prompt], max_new_tokens=8)[0]
+    else:
+        result = gen.generate(prompt, max_new_tokens=8)
+    assert result.stats.stopped_by == "interrupted"
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    weight = torch.ones(2, requires_grad=True)
+    (weight * 3).sum().backward()
+    assert weight.grad is not None
+
+
+def test_grad_modes_are_restored_after_a_stranded_guard() -> None:
+    modes = GradModes.now()
+    outer = torch.inference_mode()
+    outer.__enter__()
+    inner = torch._C._InferenceMode(True)
+    inner.__enter__()
+    outer.__exit__(None, None, None)  # the outer guard exits first, as the interrupt passes it
+    del inner  # freed with the traceback: it restores what it saw on entry
+    assert torch.is_inference_mode_enabled()
+    modes.restore()
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    torch.set_grad_enabled(False)  # a no_grad never exited
+    modes.restore()
+    assert torch.is_grad_enabled()

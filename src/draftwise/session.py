@@ -19,6 +19,7 @@ import torch
 from draftwise.engine.batch import BatchEngine, Lane
 from draftwise.engine.query import QuerySettings
 from draftwise.errors import DraftwiseError
+from draftwise.grad_modes import GradModes, interrupted
 from draftwise.trace import GenerationResult, summarize
 
 if TYPE_CHECKING:
@@ -105,10 +106,12 @@ class BatchSession:
     def run(self) -> None:
         """Step until every query is done; Ctrl-C ends every query as ``interrupted`` (what each
         generated is kept, the Generator stays exact) and re-raises nothing."""
+        modes = GradModes.now()
         try:
             while self.pending:
                 self.step()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as error:
+            interrupted(error, modes)
             for handle in list(self.active) + list(self.waiting):
                 self.cancel(handle, "interrupted")
 

@@ -22,6 +22,7 @@ from draftwise.engine import evaluation
 from draftwise.engine.query import QuerySettings, QueryState, new_query
 from draftwise.engine.routing import PromptFit, RouteMemory, learn_route, prompt_prior, route
 from draftwise.engine.white_box import HiddenStateFeed
+from draftwise.grad_modes import GradModes, interrupted
 from draftwise.policies import Policy
 from draftwise.step_costs import PlainRounds
 from draftwise.trace import RoundRecord
@@ -134,6 +135,7 @@ class Engine:
     def run(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator | None) -> QueryOutcome:
         start = time.perf_counter()
         query: QueryState | None = None
+        modes = GradModes.now()
         try:
             query, prefill_s, setup_s = self.start(prompt, settings, generator)
             while not query.finished:
@@ -149,6 +151,7 @@ class Engine:
             if not isinstance(error, KeyboardInterrupt) or query is None:
                 raise
             query.stopped_by = "interrupted"
+            interrupted(error, modes)
         wall = time.perf_counter() - start
         return QueryOutcome(query.context, query.records, query.stopped_by or "max_new_tokens", wall,
                             self.hidden.extra_target_calls(query.prompt_len))
