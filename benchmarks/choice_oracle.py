@@ -43,7 +43,10 @@ from typing import Any
 
 import torch
 from dev_set import answerable, dev_prompts, dev_set_parser, zoo_target  # benchmarks/dev_set.py
+from length_oracle import cost_of  # a round's measured cost at k tokens, or the nearest longer one's
 from policy_ab import register_rule_policy
+
+from draftwise.cached_lm import common_prefix_len
 
 PER_DOMAIN = 8
 LOOKUPS = ("suffix", "pld")
@@ -59,20 +62,6 @@ def run_lengths(matches: Sequence[bool]) -> list[int]:
     for t in range(len(matches) - 1, -1, -1):
         out[t] = out[t + 1] + 1 if matches[t] else 0
     return out[:-1]
-
-
-def matched(draft: Sequence[int], truth: Sequence[int]) -> int:
-    """Draft tokens equal to the answer's, from the first on.
-
-    >>> matched([4, 5, 6], [4, 5, 9, 9])
-    2
-    """
-    n = 0
-    for d, a in zip(draft, truth):
-        if d != a:
-            break
-        n += 1
-    return n
 
 
 @dataclass
@@ -112,13 +101,13 @@ def rule_time(positions: Sequence[Position], verify: dict[int, float], lm_round:
         arm, k = rule.choose(here)
         k = min(k, n - t - 1)
         if arm == "suffix":
-            total += verify_cost(verify, k)
+            total += cost_of(verify, k)
             t += min(k, here.lookup_ok["suffix"]) + 1
         elif arm == "lm" and k > 0:
-            total += verify_cost(lm_round, k)
+            total += cost_of(lm_round, k)
             t += min(k, here.lm_ok[lm]) + 1
         else:
-            total += verify_cost(verify, 0)
+            total += cost_of(verify, 0)
             t += 1
     return total
 
@@ -139,13 +128,13 @@ def best_time(positions: Sequence[Position], verify: dict[int, float], lm_round:
     for t in range(n - 1, -1, -1):
         room = n - t - 1  # draft tokens that can still be emitted before the target's own
         here = positions[t]
-        options = [verify_cost(verify, 0) + best[t + 1]]
+        options = [cost_of(verify, 0) + best[t + 1]]
         for name, length in here.proposed.items():
             for k in range(1, min(length, room) + 1):
-                options.append(verify_cost(verify, k) + best[t + min(k, here.lookup_ok[name]) + 1])
+                options.append(cost_of(verify, k) + best[t + min(k, here.lookup_ok[name]) + 1])
         run = max((here.lm_ok[name] for name in lms), default=0)
         for k in range(1, min(max_lm if lms else 0, room) + 1):
-            options.append(verify_cost(lm_round, k) + best[t + min(k, run) + 1])
+            options.append(cost_of(lm_round, k) + best[t + min(k, run) + 1])
         best[t] = min(options)
     return best[0]
 
@@ -155,25 +144,17 @@ def fixed_time(positions: Sequence[Position], verify: dict[int, float], name: st
     t, total, n = 0, 0.0, len(positions)
     while t < n:
         k = min(positions[t].proposed[name], max_len, n - t - 1)
-        total += verify_cost(verify, k)
+        total += cost_of(verify, k)
         t += min(k, positions[t].lookup_ok[name]) + 1
     return total
 
 
-def verify_cost(costs: dict[int, float], drafted: int) -> float:
-    """The measured round cost at ``drafted`` tokens, or the nearest longer draft measured."""
-    known = sorted(costs)
-    return costs[next((k for k in known if k >= drafted), known[-1])]
-
-
-def round_costs(records: Sequence[Sequence[Any]], arm: str | None = None, drafting: bool = False) -> dict[int, float]:
-    """Median seconds of a round by tokens drafted (rounds after the first; only ``arm``'s when
-    given), its drafting counted or not."""
+def round_costs(records: Sequence[Sequence[Any]]) -> dict[int, float]:
+    """Median seconds of a round by tokens drafted, its drafting left out (rounds after the first)."""
     times: dict[int, list[float]] = defaultdict(list)
     for trace in records:
         for r in trace[1:]:
-            if arm is None or r.arm_name == arm:
-                times[r.drafted].append(r.verify_s + r.policy_s + (r.draft_s if drafting else 0.0))
+            times[r.drafted].append(r.verify_s + r.policy_s)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -184,8 +165,8 @@ def lm_round_costs(traces: Sequence[Sequence[Any]], arm: str, verify: dict[int, 
     drafting time per token (catch-ups included)."""
     rounds = [r for t in traces for r in t[1:] if r.arm_name == arm and r.drafted]
     token_s = statistics.median(r.draft_s / r.drafted for r in rounds)
-    surcharge = statistics.median(r.verify_s + r.policy_s - verify_cost(verify, r.drafted) for r in rounds)
-    return {k: verify_cost(verify, k) + surcharge + k * token_s for k in range(1, longest + 1)}
+    surcharge = statistics.median(r.verify_s + r.policy_s - cost_of(verify, r.drafted) for r in rounds)
+    return {k: cost_of(verify, k) + surcharge + k * token_s for k in range(1, longest + 1)}
 
 
 def lm_drafts(drafter: Any, ids: list[int], answer: list[int], length: int = 8) -> list[list[float]]:
@@ -274,7 +255,7 @@ def collect(args: Any) -> dict[str, Any]:
             proposed, ok = {}, {}
             for name, d in lookups.items():
                 draft = d.propose(context, 8, DraftContext()).tokens
-                proposed[name], ok[name] = len(draft), matched(draft, answer[t:])
+                proposed[name], ok[name] = len(draft), common_prefix_len(draft, answer[t:])
             positions.append({"proposed": proposed, "lookup_ok": ok, "lm_ok": {name: runs[name][t] for name in lms},
                               "confidence": [round(c, 4) for c in confidence[t]]})
         for d in lookups.values():
@@ -298,7 +279,7 @@ def evaluate(data: dict[str, Any], max_lm: int) -> dict[str, Any]:
     for record in data["prompts"]:
         positions = [Position(p["proposed"], p["lookup_ok"], p["lm_ok"], p["confidence"]) for p in record["positions"]]
         totals["tokens"] += len(positions)
-        totals["plain"] += len(positions) * verify_cost(verify, 0)
+        totals["plain"] += len(positions) * cost_of(verify, 0)
         totals["suffix@8"] += fixed_time(positions, verify, "suffix", 8)
         totals["pld@8"] += fixed_time(positions, verify, "pld", 8)
         totals["oracle: lookups"] += best_time(positions, verify, lm_round, [], 0)

@@ -154,6 +154,13 @@ def lookups_among(arms: Sequence[Arm], drafters: Sequence[Drafter]) -> list[str]
     return list(dict.fromkeys(drafters[i].name for i in indices if not isinstance(drafters[i], ModelDrafter)))
 
 
+def model_arms(arms: Sequence[Arm], drafters: Sequence[Drafter]) -> frozenset[int]:
+    """The arms that draft with a model drafter (a routed arm's candidates are all model drafters):
+    in a batch each one's draft runs while every other row waits."""
+    return frozenset(i for i, arm in enumerate(arms)
+                     if arm.drafter is not None and isinstance(drafters[arm.drafter], ModelDrafter))
+
+
 LAYOUT_ALIASES = {
     "drafters*stops": "drafters×stops",
     "drafters-x-stops": "drafters×stops",

@@ -54,12 +54,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftwise.arms import Arm
+from draftwise.arms import Arm, model_arms
 from draftwise.batched_lm import BatchedLM, RowLM
 from draftwise.coupling import CoupledDraw, DrawJob, NoiseScreen, coupled_draws
 from draftwise.draft import Draft
 from draftwise.drafter_bank import attach_banks
-from draftwise.drafters.base import ModelDrafter
 from draftwise.drafters.pool import DrafterPool
 from draftwise.engine.loop import Engine, Planned, QueryOutcome
 from draftwise.engine.query import QuerySettings, QueryState
@@ -156,9 +155,7 @@ class BatchEngine:
         # ones kept the cost unknown on an H200, and lanes went on trying model arms at 32 rows
         # (0.84× plain decoding; 1.17× once measured). Under load they are blocked for every lane
         # (``_unaffordable``).
-        self.model_arms = frozenset(
-            a for a, arm in enumerate(self.arms)
-            if arm.drafter is not None and isinstance(self.pool.templates[arm.drafter], ModelDrafter))
+        self.model_arms = model_arms(self.arms, self.pool.templates)
         self.mean_model_cost = True  # off: the median (before session 16; for A/B)
         self.drafting_arms = frozenset(a for a, arm in enumerate(self.arms) if arm.drafter is not None)
         self.longest_draft = max((arm.draft_len for arm in self.arms), default=0)

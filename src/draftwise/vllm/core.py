@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from draftwise.arms import NONE, Arm, lookups_among
-from draftwise.drafters import DraftContext, ModelDrafter
+from draftwise.arms import NONE, Arm, lookups_among, model_arms
+from draftwise.drafters import DraftContext
 from draftwise.drafters.pool import DrafterPool
 from draftwise.errors import DraftwiseError
 from draftwise.policies import make_policy
@@ -104,8 +104,7 @@ class ProposerCore:
         self.plain_arm = names.index(NONE) if NONE in names else None
         self.none_arm = self.plain_arm if options.free_none else None
         # Arms that draft with a model: a request's LM draft runs while every other request waits.
-        self.model_arms = frozenset(i for i, a in enumerate(self.arms)
-                                    if a.drafter is not None and isinstance(drafters[a.drafter], ModelDrafter))
+        self.model_arms = model_arms(self.arms, drafters)
         self.longest_model_draft = max((self.arms[i].draft_len for i in self.model_arms), default=0)
 
     # -- set-up ------------------------------------------------------------------------------
