@@ -21,6 +21,7 @@ from draftwise.errors import DraftwiseError
 from draftwise.loading import LoadOptions, context_limit, load_causal_lm
 from draftwise.policies import POLICIES, PRESETS, make_policy
 from draftwise.policies.contextual import contextual_spec
+from draftwise.pools import DEFAULT_TARGET, default_drafters
 from draftwise.step_costs import StepCostModel
 from draftwise.trace import GenerationResult, summarize
 from draftwise.verify import Sampling
@@ -86,8 +87,8 @@ class Generator:
     @classmethod
     def from_pretrained(
         cls,
-        target: str,
-        drafters: Sequence[str] = (),
+        target: str = DEFAULT_TARGET,
+        drafters: Sequence[str] | None = None,
         policy: str = DEFAULT_POLICY,
         *,
         draft_len: int | None = None,
@@ -97,7 +98,12 @@ class Generator:
         chat: bool | None = None,
         **arm_options: Any,
     ) -> Generator:
-        """Load the target (path, hub id or ``zoo:target``) and the drafters named by ``drafters``.
+        """Load the target and the drafters named by ``drafters``.
+
+        Targets: ``smollm2`` (the default: SmolLM2-135M-Instruct, fetched once into the local cache),
+        a local folder, a ``.gguf`` file, a hub id, or ``zoo:target``. ``drafters=None`` takes the
+        target's own pool (:func:`draftwise.pools.default_drafters`: its zoo drafters plus ``pld``
+        and ``suffix`` for ``smollm2`` and ``zoo:target``, none for other targets).
 
         Drafter specs: a model path or hub id, ``zoo:NAME``, ``zoo:all``, ``pld``, ``suffix``,
         with options such as ``pld:max_ngram=4``. ``arm_options``: ``arms`` (layout: drafters,
@@ -106,7 +112,7 @@ class Generator:
         """
         options = LoadOptions(device=device, dtype=dtype)
         model, tokenizer = load_causal_lm(target, options)
-        pool = build_drafters(drafters, model, tokenizer, options)
+        pool = build_drafters(default_drafters(target) if drafters is None else drafters, model, tokenizer, options)
         return cls(model, tokenizer, pool, policy=policy, draft_len=draft_len, seed=seed, chat=chat, **arm_options)
 
     # ------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import torch
 
 from draftwise.errors import DraftwiseError
 from draftwise.tree import additive_mask, check_tree, match_path, tree_attention_mask, tree_positions
+from draftwise.vocab_map import VocabMap, output_size, vocab_map_of
 
 Method = TypeVar("Method", bound=Callable[..., Any])
 
@@ -283,7 +284,20 @@ class CachedLM(HiddenStatesMixin):
 
     @functools.cached_property
     def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        return output_size(self.model)
+
+    @functools.cached_property
+    def vocab(self) -> VocabMap | None:
+        return vocab_map_of(self.model)
+
+    def _ids(self, ids: list[int]) -> torch.Tensor:
+        if self.vocab is not None:
+            return self.vocab.draft_ids(ids, self.device)[None]
+        return torch.tensor([ids], dtype=torch.long, device=self.device)
+
+    def _logits(self, out: Any, n_out: int) -> torch.Tensor:
+        logits = out.logits[0, -n_out:].float()
+        return logits if self.vocab is None else self.vocab.target_logits(logits)
 
     @functools.cached_property
     def cache_keyword(self) -> str:
@@ -330,12 +344,11 @@ class CachedLM(HiddenStatesMixin):
         return self._forward(list(new_tokens), n_out)
 
     def _forward(self, fresh: list[int], n_out: int) -> torch.Tensor:
-        ids = torch.tensor([fresh], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=n_out,
+        out = self.model(input_ids=self._ids(fresh), use_cache=True, logits_to_keep=n_out,
                          **{self.cache_keyword: self.cache}, **self._hidden_request())
         self.calls += 1
         self._record_hidden(out)
-        return out.logits[0, -n_out:].float()
+        return self._logits(out, n_out)
 
     def _hidden_request(self) -> dict[str, bool]:
         return {"output_hidden_states": True} if self.keep_hidden else {}
@@ -347,14 +360,14 @@ class CachedLM(HiddenStatesMixin):
     def _masked_forward(self, ids: list[int], positions: list[int], allowed: torch.Tensor, n_out: int) -> torch.Tensor:
         dtype = next(self.model.parameters()).dtype
         out = self.model(
-            input_ids=torch.tensor([ids], dtype=torch.long, device=self.device),
+            input_ids=self._ids(ids),
             position_ids=torch.tensor([positions], dtype=torch.long, device=self.device),
             attention_mask=additive_mask(allowed, dtype, self.device),
             use_cache=True, logits_to_keep=n_out, **{self.cache_keyword: self.cache}, **self._hidden_request(),
         )
         self.calls += 1
         self._record_hidden(out)
-        return out.logits[0, -n_out:].float()
+        return self._logits(out, n_out)
 
     def _move(self, sources: list[int], start: int) -> None:
         index = torch.tensor(sources, dtype=torch.long, device=self.device)

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from draftwise.cached_lm import TreeCacheMixin, all_or_nothing, common_prefix_len
 from draftwise.verify import top1_hits
+from draftwise.vocab_map import output_size, vocab_map_of
 
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
               "vocab_size", "rms_norm_eps", "tie_word_embeddings")
@@ -50,7 +51,8 @@ def bank_key(model: Any) -> tuple | None:
     if shape is None:
         return None
     parameter = next(model.parameters())
-    return shape + (parameter.dtype, parameter.device)
+    vocab = vocab_map_of(model)
+    return shape + (parameter.dtype, parameter.device, vocab.key if vocab is not None else None)
 
 
 _SHAPE_KEYS: weakref.WeakKeyDictionary[Any, tuple | None] = weakref.WeakKeyDictionary()
@@ -155,7 +157,8 @@ class LlamaBank:
         self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = _head_dim(config)
         self.eps = config.rms_norm_eps
-        self.vocab_size = config.vocab_size
+        self.vocab = vocab_map_of(models[0])  # every member speaks the same (bank_key): None = the target's
+        self.vocab_size = output_size(models[0])
         theta = _rope_theta(config)
         if theta is None:
             raise ValueError("a drafter bank needs default rotary embeddings (see bank_key)")
@@ -226,7 +229,8 @@ class LlamaBank:
         (depth-based) ``positions`` and ``allowed`` (len(ids), start + len(ids)) bool mask.
         """
         x = self.features(which, ids, start, n_out, positions, allowed)
-        return torch.bmm(x.to(self.head_dtype), self._weights(which)["head"]).float()  # (B, n_out, V)
+        logits = torch.bmm(x.to(self.head_dtype), self._weights(which)["head"]).float()  # (B, n_out, V)
+        return logits if self.vocab is None else self.vocab.target_logits(logits)
 
     @torch.inference_mode()
     def features(self, which: slice, ids: list[int], start: int, n_out: int, positions: list[int] | None = None,
@@ -235,7 +239,10 @@ class LlamaBank:
         length = len(ids)
         self._grow(start + length)
         weights = self._weights(which)
-        index = torch.tensor(ids, dtype=torch.long, device=self.device)
+        if self.vocab is None:
+            index = torch.tensor(ids, dtype=torch.long, device=self.device)
+        else:
+            index = self.vocab.draft_ids(ids, self.device)
         x = weights["embed"][:, index]  # (B, T, H)
         batch = x.shape[0]
         if positions is None:
@@ -305,6 +312,8 @@ class LlamaBank:
         x = self.features(slice(None), *self._sync_plan(tokens, n_out), n_out).to(self.head_dtype)
         head = self._weights(slice(None))["head"]
         targets = torch.as_tensor(targets, device=self.device)
+        if self.vocab is not None:
+            targets = self.vocab.draft_targets(targets)
         return torch.stack([top1_hits(x[d] @ head[d], targets) for d in range(self.count)])
 
     def _sync_plan(self, tokens: Sequence[int], n_out: int) -> tuple[list[int], int]:

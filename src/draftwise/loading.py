@@ -7,11 +7,13 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from draftwise.errors import DraftwiseError
+from draftwise.named_models import gguf_folder, is_named_model, resolve_named_model
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +34,17 @@ class LoadOptions:
 
 
 def resolve_model_path(name: str) -> str:
-    """Map ``zoo:NAME`` to the embedded zoo's directory; anything else is a local path or hub id."""
+    """Map ``zoo:NAME`` to the embedded zoo's directory, a named real model (``smollm2``) to its
+    cached folder (fetched on first use) and a ``.gguf`` file to its converted folder; anything
+    else is a local path or hub id."""
     if name.startswith("zoo:"):
         from draftwise.zoo import resolve_zoo_name  # the zoo is optional until it is built
 
         return str(resolve_zoo_name(name))
+    if is_named_model(name):
+        return str(resolve_named_model(name))
+    if name.lower().endswith(".gguf"):
+        return str(gguf_folder(Path(name).expanduser()))
     return name
 
 

@@ -50,13 +50,13 @@ from draftwise.bench.methods import (
     is_derived,
 )
 from draftwise.errors import DraftwiseError
+from draftwise.pools import DEFAULT_TARGET, ZOO_POOL
 
 log = logging.getLogger(__name__)
 
 RESULTS = "results.jsonl"
 ENV = "env.json"
-DEFAULT_TARGET = "zoo:target"
-DEFAULT_POOL = ("zoo:all", "pld", "suffix")
+DEFAULT_POOL = ZOO_POOL  # zoo:all: the zoo drafters of whichever target is benched
 DEFAULT_METHODS = ("ar", "default", "fixed:*", "random", "policies:*", "router", "oracle", "hf-assisted:*", "hf-pld")
 # Settings that change what a row means: a resumed run must match them exactly.
 RUN_DEFINING = ("target", "drafters", "max_new_tokens", "temperature", "top_k", "top_p", "sampling", "draft_len",

@@ -66,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("draftwise.named_models").setLevel(min(level, logging.INFO))  # a first fetch: say what and why
     _quiet_dependencies(args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -15,6 +15,7 @@ from typing import Any
 from draftwise.bench.datasets import PROMPT_SETS, ZOO_PER_DOMAIN
 from draftwise.bench.runner import DEFAULT_METHODS, DEFAULT_POOL, DEFAULT_TARGET, BenchConfig
 from draftwise.cli.generate import add_sampling_option
+from draftwise.pools import default_drafters
 
 MISMATCH_EXIT = 1
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as for every Ctrl-C of the CLI
@@ -56,7 +57,8 @@ def register(subparsers: Any) -> None:
                    help="run on a Ray cluster (ADDRESS, 'auto' or 'local'); needs pip install 'draftwise[ray]'")
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
     p.add_argument("--drafter", action="append", default=None, metavar="SPEC",
-                   help=f"drafter pool (repeatable; default {' '.join(DEFAULT_POOL)})")
+                   help=f"drafter pool (repeatable; default with smollm2 or zoo:target {' '.join(DEFAULT_POOL)}, "
+                   "else none)")
     p.add_argument("--draft-len", type=int, default=None,
                    help="draft tokens per round, peers included (default: the library's 4; presets keep their own)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
@@ -92,7 +94,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     methods = [m for text in (args.methods or [",".join(DEFAULT_METHODS)]) for m in split_methods(text)]
     return BenchConfig(
         out=args.out, data=tuple(args.data), methods=tuple(methods), target=args.target,
-        drafters=tuple(args.drafter if args.drafter is not None else DEFAULT_POOL),
+        drafters=tuple(args.drafter if args.drafter is not None else default_drafters(args.target)),
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         sampling=args.sampling, repeats=args.repeats, draft_len=args.draft_len, seed=args.seed, turns=args.turns,
         per_domain=args.per_domain,

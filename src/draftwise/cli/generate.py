@@ -10,9 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from draftwise.errors import DraftwiseError
-
-DEFAULT_TARGET = "zoo:target"
-DEFAULT_POOL = ("zoo:all", "pld", "suffix")
+from draftwise.pools import DEFAULT_TARGET, default_drafters
 
 
 def register(subparsers: Any) -> None:
@@ -21,8 +19,8 @@ def register(subparsers: Any) -> None:
         help="generate text with speculative decoding",
         description="Generate text with a target model, speculative decoding with a pool of drafters, and a "
         "policy that picks a drafter each round. Output equals the target's own decoding (greedy: token for "
-        "token; sampling: in distribution). Without --target, the embedded zoo target is used with every zoo "
-        "drafter plus pld and suffix.",
+        "token; sampling: in distribution). Without --target, the real target SmolLM2-135M-Instruct (smollm2, "
+        "fetched once into the local cache) is used with its zoo drafters plus pld and suffix.",
     )
     p.add_argument("prompt", nargs="?", help="the prompt text; read from stdin when omitted or '-'")
     add_model_options(p)
@@ -44,10 +42,12 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     """The options that load a :class:`~draftwise.api.Generator` (target, pool, policy, arms, device),
     shared by every command that serves one (``generate``, ``serve``)."""
     p.add_argument("--target", default=None,
-                   help="target model: local path, hub id or zoo:target (default: zoo:target)")
+                   help="target model: smollm2 (the default: SmolLM2-135M-Instruct, fetched once), a local "
+                   "path, a .gguf file, a hub id, or zoo:target (the small embedded model for quick experiments)")
     p.add_argument("--drafter", action="append", default=None, metavar="SPEC",
                    help="a drafter (repeatable): model path or hub id, zoo:NAME, zoo:all, pld, suffix, with options "
-                   "such as pld:max_ngram=4 (default with the zoo target: zoo:all, pld, suffix; else none)")
+                   "such as pld:max_ngram=4 (default with smollm2 or zoo:target: zoo:all, pld, suffix — zoo:all is "
+                   "every zoo drafter for that target; with other targets none)")
     p.add_argument("--policy", default=None, help="drafter-selection policy, e.g. ucb, ucb:beta=0.1, fixed:pld, "
                    "round-robin, random; 'draftwise policies' lists them (default: ctx-ucb, UCB per 'does the lookup "
                    "match?' context over the suffix lookup (else PLD), a routed model drafter and no speculation)")
@@ -97,7 +97,7 @@ def load_generator(args: argparse.Namespace) -> Any:
 
         torch.set_num_threads(args.threads)
     target = args.target or DEFAULT_TARGET
-    drafters = args.drafter if args.drafter is not None else (list(DEFAULT_POOL) if target == DEFAULT_TARGET else [])
+    drafters = args.drafter if args.drafter is not None else list(default_drafters(target))
     return Generator.from_pretrained(
         target, drafters, policy=args.policy or DEFAULT_POLICY, draft_len=args.draft_len,
         device=args.device, dtype=args.dtype, seed=args.seed, chat=args.chat, arms=args.arms,

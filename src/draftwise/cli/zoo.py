@@ -101,6 +101,37 @@ def heads_action(args: argparse.Namespace) -> int:
     return 0
 
 
+@action("path")
+def path_action(args: argparse.Namespace) -> int:
+    from draftwise.errors import DraftwiseError
+    from draftwise.loading import resolve_model_path
+    from draftwise.named_models import NAMED_MODELS
+
+    folder = resolve_model_path(args.name)  # a named model is fetched first when it is not cached
+    if not Path(folder).is_dir():
+        raise DraftwiseError(f"no local model {args.name!r}; valid: {', '.join(NAMED_MODELS)}, zoo:NAME "
+                             "(draftwise zoo list) or a .gguf file")
+    print(folder)
+    return 0
+
+
+@action("distill")
+def distill_action(args: argparse.Namespace) -> int:
+    from draftwise.zoo.distill import run_distill
+    from draftwise.zoo.labels import LabelPlan
+
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    add_log_file(args.log)
+    made = run_distill(args.target, data_dir(args), Path(args.out), plan=LabelPlan(per_domain=args.per_domain),
+                       labels=Path(args.labels) if args.labels else None, until=args.until or "",
+                       install=args.install)
+    print(f"drafters for {args.target} under {Path(args.out) / 'models'}: {', '.join(made) or 'labels only'}")
+    return 0
+
+
 @action("router")
 def router_action(args: argparse.Namespace) -> int:
     from draftwise.api import check_seed
@@ -124,7 +155,8 @@ DATA_HELP = "the shared datasets folder (default: $DRAFTWISE_DATA, else ../share
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("zoo", help="the embedded model zoo: list, build, eval, install, heads, router")
+    parser = subparsers.add_parser(
+        "zoo", help="the embedded model zoo: list, path, build, distill, eval, install, heads, router")
     sub = parser.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND", required=True)
 
     p = sub.add_parser("list", help="show zoo models: names, roles, domains, sizes")
@@ -154,6 +186,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--models", help="zoo folder to install into (default: the package's)")
     p.add_argument("--log", help="also append progress logs to this file")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    p = sub.add_parser("path", help="print a model's local folder (a named model such as smollm2 is fetched first)")
+    p.add_argument("name", help="smollm2, zoo:NAME, or a .gguf file")
+
+    p = sub.add_parser("distill", help="distill a drafter pool for a real target from its own greedy answers "
+                       "(resumes if interrupted)")
+    p.add_argument("--target", default="smollm2", help="the target (default smollm2)")
+    p.add_argument("--data", default=None, help=DATA_HELP)
+    p.add_argument("--out", required=True, help="build folder (corpus, labels, checkpoints, models)")
+    p.add_argument("--labels", default=None, help="label folder (default: OUT/labels)")
+    p.add_argument("--per-domain", type=int, default=400, help="training instructions answered per domain (400)")
+    p.add_argument("--until", choices=("labels",), help="stop after this stage")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--install", action="store_true", help="then copy the drafters into the package's zoo")
+    p.add_argument("--log", help="also append progress logs to this file")
 
     p = sub.add_parser("router", help="train the bench's prompt router and ship it with the zoo (deterministic)",
                        description="Train the TF-IDF + logistic-regression router of `draftwise bench --methods "

@@ -27,8 +27,9 @@ from draftwise.drafters.stopping import STOP_RULES, StopRule, make_stop_rule
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.drafters.whitebox import HEAD_KINDS, WhiteBoxDrafter, load_head_drafter
 from draftwise.errors import DraftwiseError
-from draftwise.loading import LoadOptions, load_causal_lm
+from draftwise.loading import LoadOptions, load_causal_lm, resolve_model_path
 from draftwise.options import keyword_defaults, split_spec, typed_options
+from draftwise.vocab_map import attach_vocab_map, load_vocab_map, output_size
 
 __all__ = ["DRAFTERS", "HEAD_KINDS", "STOP_RULES", "Draft", "DraftContext", "Drafter", "LMDrafter", "ModelDrafter",
            "PromptLookupDrafter", "RetrievalDrafter", "SharedForwards", "StopRule", "SuffixDrafter", "TreeOptions",
@@ -42,14 +43,16 @@ def drafter_kinds() -> list[str]:
     return [*DRAFTERS, "lm", *WHITE_BOX_KINDS, "zoo:NAME", "zoo:all", ZOO_HEADS, "a model path or hub id"]
 
 
-def expand_specs(specs: Sequence[str]) -> list[str]:
-    """Expand ``zoo:all`` into every zoo drafter and ``zoo:heads`` into every zoo white-box head."""
+def expand_specs(specs: Sequence[str], target: Any = None) -> list[str]:
+    """Expand ``zoo:all`` into every zoo drafter for ``target`` (those that speak its vocabulary;
+    without one, the toy zoo's) and ``zoo:heads`` into every zoo white-box head."""
     out: list[str] = []
     for spec in specs:
         if spec == "zoo:all":
-            from draftwise.zoo import zoo_drafter_names
+            from draftwise.zoo import zoo_drafter_names, zoo_target_of
 
-            out.extend(f"zoo:{name}" for name in zoo_drafter_names())
+            family = zoo_target_of(output_size(target) if target is not None else 0)
+            out.extend(f"zoo:{name}" for name in zoo_drafter_names(target=family))
         elif spec == ZOO_HEADS:
             from draftwise.zoo import zoo_head_names
 
@@ -61,7 +64,7 @@ def expand_specs(specs: Sequence[str]) -> list[str]:
 
 def build_drafters(specs: Sequence[str], target: Any, target_tokenizer: Any, options: LoadOptions) -> list[Drafter]:
     """Build the drafter pool from spec strings; names are made unique."""
-    drafters = [_build_one(spec, target, target_tokenizer, options) for spec in expand_specs(specs)]
+    drafters = [_build_one(spec, target, target_tokenizer, options) for spec in expand_specs(specs, target)]
     seen: dict[str, int] = {}
     for drafter in drafters:
         count = seen.get(drafter.name, 0)
@@ -124,6 +127,7 @@ def _is_zoo_head(spec: str) -> bool:
 def _load_lm_drafter(path: str, name: str, target: Any, target_tokenizer: Any, options: LoadOptions,
                      tree: TreeOptions | None = None) -> LMDrafter:
     model, tokenizer = load_causal_lm(path, options)
+    attach_vocab_map(model, load_vocab_map(resolve_model_path(path)))
     check_same_vocabulary(path, model, tokenizer, target, target_tokenizer)
     default_name = path.split(":", 1)[1] if path.startswith("zoo:") else os.path.basename(os.path.normpath(path))
     return LMDrafter(model, name=name or default_name, source=path, tree=tree)
@@ -131,7 +135,7 @@ def _load_lm_drafter(path: str, name: str, target: Any, target_tokenizer: Any, o
 
 def check_same_vocabulary(path: str, model: Any, tokenizer: Any, target: Any, target_tokenizer: Any) -> None:
     """A drafter must speak the target's vocabulary: same output size, same tokenizer when both have one."""
-    size = int(model.get_output_embeddings().weight.shape[0])
+    size = output_size(model)
     target_size = int(target.get_output_embeddings().weight.shape[0])
     if size != target_size:
         raise DraftwiseError(

@@ -19,6 +19,7 @@ from draftwise.zoo.load import (
     zoo_entries,
     zoo_head_names,
     zoo_names,
+    zoo_target_of,
 )
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "zoo_entries",
     "zoo_head_names",
     "zoo_names",
+    "zoo_target_of",
 ]

@@ -20,6 +20,7 @@ from draftwise.errors import DraftwiseError
 PREFIX = "zoo:"
 ALL = "zoo:all"
 TARGET_NAME = "target"
+TOY_TARGET = "zoo:target"
 MANIFEST = "zoo.json"
 
 
@@ -35,6 +36,8 @@ class ZooEntry:
     params: int
     bytes: int  # model.safetensors size on disk
     path: str
+    target: str = TOY_TARGET  # the target it drafts for: the toy zoo's, or a named real model
+    target_vocab: int = 0  # that target's vocabulary size (recorded for named real models)
 
 
 def read_manifest(models: Path | None = None) -> dict:
@@ -61,6 +64,8 @@ def zoo_entries(models: Path | None = None) -> list[ZooEntry]:
             if (folder / m["name"] / "model.safetensors").exists()
             else 0,
             path=str(folder / m["name"]),
+            target=m.get("target", TOY_TARGET),
+            target_vocab=int(m.get("target_vocab", 0)),
         )
         for m in read_manifest(folder)["models"]
     ]
@@ -76,12 +81,22 @@ def zoo_names(models: Path | None = None) -> list[str]:
     return [PREFIX + e.name for e in zoo_entries(models)]
 
 
-def zoo_drafter_names(models: Path | None = None) -> list[str]:
-    """Bare names (no ``zoo:`` prefix) of every zoo drafter, i.e. what ``zoo:all`` stands for.
+def zoo_drafter_names(models: Path | None = None, target: str = TOY_TARGET) -> list[str]:
+    """Bare names (no ``zoo:`` prefix) of every zoo drafter for ``target`` (the toy zoo target by
+    default, or a named real model such as ``smollm2``): what ``zoo:all`` stands for with it.
 
     ``["code", "generalist", "math", …]``; prefix them (``f"zoo:{name}"``) to resolve them.
     """
-    return [e.name for e in zoo_entries(models) if e.role == "drafter"]
+    return [e.name for e in zoo_entries(models) if e.role == "drafter" and e.target == target]
+
+
+def zoo_target_of(vocab_size: int, models: Path | None = None) -> str:
+    """Which zoo family a target of this vocabulary belongs to: the named real model whose drafters
+    speak it, else the toy zoo's (whose drafters then fail the vocabulary check with a clear error)."""
+    for entry in zoo_entries(models):
+        if entry.target != TOY_TARGET and entry.role == "drafter" and entry.target_vocab == vocab_size:
+            return entry.target
+    return TOY_TARGET
 
 
 def zoo_head_names(models: Path | None = None) -> list[str]:
@@ -93,11 +108,11 @@ def zoo_head_names(models: Path | None = None) -> list[str]:
     return [e.name for e in zoo_entries(models) if e.role == "head"]
 
 
-def expand_zoo_names(names: list[str], models: Path | None = None) -> list[str]:
-    """Replace ``zoo:all`` by every zoo drafter name, keeping order and dropping duplicates."""
+def expand_zoo_names(names: list[str], models: Path | None = None, target: str = TOY_TARGET) -> list[str]:
+    """Replace ``zoo:all`` by every zoo drafter name for ``target``, keeping order and dropping duplicates."""
     expanded: list[str] = []
     for name in names:
-        for item in [PREFIX + n for n in zoo_drafter_names(models)] if name == ALL else [name]:
+        for item in [PREFIX + n for n in zoo_drafter_names(models, target)] if name == ALL else [name]:
             if item not in expanded:
                 expanded.append(item)
     return expanded

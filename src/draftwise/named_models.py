@@ -133,6 +133,7 @@ class staging_folder:
     def __enter__(self) -> Path:
         self.final.parent.mkdir(parents=True, exist_ok=True)
         self.path = Path(tempfile.mkdtemp(prefix=f".{self.final.name}-", dir=self.final.parent))
+        self.path.chmod(0o755)  # mkdtemp makes it private; the finished folder is an ordinary one
         return self.path
 
     def __exit__(self, kind: object, exc: object, tb: object) -> None:
@@ -225,7 +226,8 @@ def convert_gguf(path: Path, dest: Path) -> None:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
     if [k for k in missing if not k.endswith("lm_head.weight")] or unexpected:
-        raise DraftwiseError(f"{path.name}: weights do not fit their config (missing {missing}, unexpected {unexpected})")
+        raise DraftwiseError(
+            f"{path.name}: weights do not fit their config (missing {missing}, unexpected {unexpected})")
     plain.tie_weights()
     plain.save_pretrained(str(dest))
     tokenizer.save_pretrained(str(dest))

@@ -1,0 +1,244 @@
+"""Drafters for a real target, distilled from its own greedy answers (:mod:`draftwise.zoo.labels`).
+
+Each drafter is a small Llama over a frequency-ranked subset of the target's vocabulary
+(:mod:`draftwise.vocab_map`): the target's most frequent answer tokens, plus one id for every
+other token. Its embeddings start from the target's own, projected onto their principal
+directions, so training starts from the target's sense of which tokens are alike. The generalist
+learns every domain's answers; each specialist starts from the generalist and continues on its
+own domain only, so it keeps the generalist's language and sharpens on its domain's habits.
+
+Training is next-token cross-entropy on the answers' tokens only (what a drafter is asked to
+predict), with the chat prompt as context.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from draftwise.vocab_map import FILE as VOCAB_FILE
+from draftwise.vocab_map import VocabMap
+from draftwise.zoo.train import ModelShape, TrainConfig, chunk_stream, count_params, train_loop
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DrafterRecipe:
+    shape: ModelShape = ModelShape(layers=1, hidden=256, intermediate=768, heads=4, max_positions=8192)
+    kv_heads: int = 4
+    vocab: int = 4096  # drafter ids: vocab − 1 listed target tokens + one for the rest
+    seq_len: int = 512
+    generalist: TrainConfig = TrainConfig(steps=600, batch=16, seq_len=512, lr=2e-3, warmup=40)
+    specialist: TrainConfig = TrainConfig(steps=120, batch=16, seq_len=512, lr=6e-4, warmup=10)
+
+
+def choose_vocabulary(answers: Sequence[Sequence[int]], size: int, always: Sequence[int],
+                      then: Sequence[Sequence[int]] = ()) -> list[int]:
+    """The ``size`` target ids a drafter may propose: ``always`` first, then by frequency in
+    ``answers``, then (when answers use fewer) by frequency in ``then`` (the prompts), then by id."""
+    chosen = dict.fromkeys(int(t) for t in always)
+    for texts in (answers, then, [range(size + len(chosen))]):
+        counts = Counter(token for text in texts for token in text)
+        for token, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+            if len(chosen) >= size:
+                return list(chosen)
+            chosen.setdefault(int(token))
+    return list(chosen)
+
+
+def drafter_config(recipe: DrafterRecipe, target_config: Any) -> LlamaConfig:
+    shape = recipe.shape
+    return LlamaConfig(
+        vocab_size=recipe.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=recipe.kv_heads,
+        max_position_embeddings=shape.max_positions,
+        rope_theta=float(target_config.rope_parameters["rope_theta"]),  # type: ignore[call-arg]
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        initializer_range=0.02,
+    )
+
+
+def projected_embeddings(target_embed: torch.Tensor, vocab: VocabMap, hidden: int) -> torch.Tensor:
+    """(K + 1, hidden) the subset's target embeddings on their top principal directions, scaled to
+    the usual initial spread (0.02: the head is tied, larger rows start with huge logits); the row
+    for every other token is their mean."""
+    rows = target_embed[vocab.to_target].float()  # (K, H_t)
+    centred = rows - rows.mean(0)
+    _, _, v = torch.linalg.svd(centred, full_matrices=False)
+    projected = centred @ v[:hidden].T  # (K, hidden)
+    projected = projected / projected.pow(2).mean().sqrt() * 0.02
+    return torch.cat([projected, projected.mean(0, keepdim=True)])
+
+
+def new_drafter(recipe: DrafterRecipe, target: Any, vocab: VocabMap, seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(drafter_config(recipe, target.config))
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(
+            projected_embeddings(target.get_input_embeddings().weight, vocab, recipe.shape.hidden))
+    return model
+
+
+def training_stream(examples: Sequence[tuple[list[int], list[int], list[int]]],
+                    vocab: VocabMap) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt, continuation, labels) triples → one stream of drafter ids and one of targets: the
+    drafter id to predict at each position, −1 where nothing is learned (the prompt, and tokens the
+    drafter cannot propose). ``labels[i]`` is what the target writes after ``prompt + continuation[:i]``:
+    its greedy answer (then continuation = labels) or its top choice along a reference answer."""
+    ids: list[np.ndarray] = []
+    targets: list[np.ndarray] = []
+    for prompt, continuation, labels in examples:
+        tokens = vocab.draft_ids(list(prompt) + list(continuation)).numpy()
+        wanted = np.full(len(tokens), -1, dtype=np.int64)
+        mapped = vocab.draft_targets(torch.tensor(list(labels[: len(continuation)]), dtype=torch.long)).numpy()
+        wanted[len(prompt) - 1 : len(prompt) - 1 + len(mapped)] = mapped
+        ids.append(tokens)
+        targets.append(wanted)
+    return np.concatenate(ids).astype(np.int64), np.concatenate(targets)
+
+
+def masked_next_token_loss(model: Any, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy at the learned positions only (the LM head, most of the cost, runs only there)."""
+    hidden = model.model(input_ids=rows).last_hidden_state  # (B, T, H)
+    where = targets >= 0
+    logits = model.lm_head(hidden[where]).float()  # (N, V)
+    return F.cross_entropy(logits, targets[where])
+
+
+def train_drafter(model: Any, stream: tuple[np.ndarray, np.ndarray], config: TrainConfig, seed: int,
+                  checkpoint: Path, label: str) -> dict[str, Any]:
+    rows = torch.from_numpy(chunk_stream(stream[0], config.seq_len))
+    targets = torch.from_numpy(chunk_stream(stream[1], config.seq_len))
+
+    def loss_of_rows(m: Any, index: np.ndarray) -> torch.Tensor:
+        picked = torch.from_numpy(index)
+        return masked_next_token_loss(m, rows[picked], targets[picked])
+
+    state = train_loop(model, len(rows), loss_of_rows, config, seed, checkpoint, label, progress=False)
+    return {"steps": state.step, "tokens_seen": state.tokens, "seconds": round(state.seconds, 1),
+            "final_loss": round(state.last_loss, 4), "rows": len(rows), "learned_positions": int((targets >= 0).sum())}
+
+
+def save_drafter(model: Any, vocab: VocabMap, folder: Path, meta: dict[str, Any]) -> None:
+    """An ordinary fp16 checkpoint (``config.json`` says float32: CPU inference upcasts) plus its vocabulary."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.half().save_pretrained(str(folder))
+    model.float()
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config["dtype"] = "float32"
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (folder / VOCAB_FILE).write_text(vocab.to_json() + "\n")
+    (folder / "training.json").write_text(json.dumps({**meta, "params": count_params(model)}, indent=2) + "\n")
+
+
+# ----------------------------------------------------------------------------- the whole build
+
+
+def corpus_for(data: Path, out: Path) -> Any:
+    """The zoo corpus (the toy zoo's splits and seed: train examples only are labelled), cached in ``out``."""
+    from draftwise.zoo.budgets import BUDGETS
+    from draftwise.zoo.corpus import build_corpus, read_corpus, write_corpus
+
+    folder = out / "corpus"
+    if (folder / "train").is_dir():
+        return read_corpus(folder)
+    budget = BUDGETS.get("full")
+    corpus = build_corpus(data, budget.limits, budget.n_dev, budget.n_test, seed=budget.seed)
+    write_corpus(corpus, folder)
+    return corpus
+
+
+def run_distill(target_name: str, data: Path, out: Path, *, plan: Any = None, recipe: DrafterRecipe | None = None,
+                labels: Path | None = None, until: str = "", install: bool = False) -> list[str]:
+    """Labels → vocabulary → generalist → specialists (→ installed into the package's zoo), each
+    stage skipped when its output exists: an interrupted build resumes where it stopped."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from draftwise.loading import resolve_model_path
+    from draftwise.zoo.corpus import DOMAINS, SPECIALIST_DOMAINS
+    from draftwise.zoo.labels import LabelPlan, chat_prompt_ids, label_domain, read_labels
+
+    recipe = recipe or DrafterRecipe()
+    plan = plan or LabelPlan()
+    labels = labels or out / "labels"
+    corpus = corpus_for(data, out)
+    folder = resolve_model_path(target_name)
+    target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    for domain in DOMAINS:
+        label_domain(target, tokenizer, corpus.train[domain], labels / f"{domain}.jsonl", plan)
+    if until == "labels":
+        return []
+    data_of = {d: [(chat_prompt_ids(tokenizer, e.instruction), a)
+                   for e, a in read_labels(labels / f"{d}.jsonl", corpus.train[d])] for d in DOMAINS}
+    vocab_path = out / "vocabulary.json"
+    if not vocab_path.exists():
+        pairs = [pair for domain_pairs in data_of.values() for pair in domain_pairs]
+        ids = choose_vocabulary([a for _, a in pairs], recipe.vocab - 1, always=[tokenizer.eos_token_id],
+                                then=[p for p, _ in pairs])
+        vocab_path.write_text(json.dumps(ids) + "\n")
+    vocab = VocabMap(json.loads(vocab_path.read_text()), int(target.config.vocab_size))
+    answers = [a for pairs in data_of.values() for _, a in pairs]
+    coverage = sum(int(vocab.to_draft[t]) != vocab.other for a in answers for t in a) / max(1, sum(map(len, answers)))
+    log.info("vocabulary of %d tokens covers %.4f of the answers' tokens", vocab.other, coverage)
+    made = []
+    for name, domains in [("generalist", DOMAINS), *[(d, (d,)) for d in SPECIALIST_DOMAINS]]:
+        model_dir = out / "models" / name
+        if not (model_dir / "model.safetensors").exists():
+            if name == "generalist":
+                model = new_drafter(recipe, target, vocab, seed=1)
+                config = recipe.generalist
+            else:
+                model = AutoModelForCausalLM.from_pretrained(str(out / "models" / "generalist"), dtype=torch.float32)
+                config = recipe.specialist
+            stream = training_stream([pair for d in domains for pair in data_of[d]], vocab)
+            meta = train_drafter(model, stream, config, seed=2, checkpoint=out / f"{name}.ckpt", label=name)
+            meta.update(domains=list(domains), vocabulary_coverage=round(coverage, 4),
+                        label_answers=sum(len(data_of[d]) for d in domains))
+            save_drafter(model, vocab, model_dir, meta)
+        made.append(name)
+    if install:
+        install_drafters(target_name, int(target.config.vocab_size), out / "models", made)
+    return made
+
+
+def install_drafters(target_name: str, target_vocab: int, models: Path, names: Sequence[str],
+                     dest: Path | None = None) -> None:
+    """Copy distilled drafters into the zoo as ``TARGET-NAME`` with manifest entries that say whose they are."""
+    import shutil
+
+    from draftwise.zoo.load import MANIFEST, shipped_models_dir
+
+    dest = dest or shipped_models_dir()
+    manifest = json.loads((dest / MANIFEST).read_text())
+    entries = {e["name"]: e for e in manifest["models"]}
+    for name in names:
+        zoo_name = f"{target_name}-{name}"
+        meta = json.loads((models / name / "training.json").read_text())
+        if (dest / zoo_name).exists():
+            shutil.rmtree(dest / zoo_name)
+        shutil.copytree(models / name, dest / zoo_name)
+        entries[zoo_name] = {"name": zoo_name, "role": "drafter", "domains": meta["domains"],
+                             "params": meta["params"], "target": target_name, "target_vocab": target_vocab}
+    manifest["models"] = list(entries.values())
+    (dest / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
