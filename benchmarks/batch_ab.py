@@ -1,21 +1,23 @@
 """A/B of the batched engine's switches: ``draftwise bench`` in which a method's suffix turns one
 ``BatchEngine`` switch off, in the same process and interleaved with the others:
 
-- ``METHOD~nocut``: ``cut_width`` (the padded-width cut, session 13);
-- ``METHOD~rowprefill``: ``share_prefill`` (each joining prompt its own forward, as before session 14);
+- ``METHOD~nocut``: ``cut_width`` (no padded-width cut);
+- ``METHOD~rowprefill``: ``share_prefill`` (each joining prompt its own forward);
 - ``METHOD~noscout``: ``scout_models`` (any number of lanes may try a model arm in a round while its
-  cost is unknown, as before session 14);
+  cost is unknown);
 - ``METHOD~grow``: ``reserve_at_join`` (the KV buffers grow by doubling when a forward needs room,
-  as before session 14, instead of being sized at the join);
+  instead of being sized at the join);
 - ``METHOD~nocap``: ``cap_acceptance`` (no load cap on per-query drafts);
 - ``METHOD~nocredit``: ``credit_plain`` (lanes not told what ``none`` would have earned);
 - ``METHOD~nomodels``: no lane ever plays a model-drafter arm (lookups only);
 - ``METHOD~trustprior``: the load cap and width cut trust the step-cost model's prior from the first
-  step, as before session 15, instead of probing until a draft token's cost is measured;
+  step, instead of probing until a draft token's cost is measured;
 - ``METHOD~median``: ``mean_model_cost`` (a model arm's cost per token is the median of its recent
-  rounds, as before session 16, not their mean: lanes' first plays left out);
-- ``METHOD~ownmodelcost``: each session measures a model drafter's token cost afresh, as before
-  session 17, instead of sharing it with the generator's other sessions (its step costs).
+  rounds, not their mean: lanes' first plays left out);
+- ``METHOD~ownmodelcost``: each session measures a model drafter's token cost afresh, instead of
+  sharing it with the generator's other sessions (its step costs).
+
+The latest A/B of each: BENCHMARKS.md, "Batched engine".
 
 A new switch is one more entry in ``SWITCHES``.
 

@@ -1,6 +1,5 @@
 """How much could choosing each round's drafter *and* length gain over the best single drafter? A
-clairvoyant bound, and a replay of causal rules, for issue 17 ("the default ≥ 1.15× the best single
-drafter").
+clairvoyant bound, and a replay of causal rules (BENCHMARKS.md, "Ceilings").
 
 For every prompt the target's own greedy answer is decoded once. Along it, at every answer position
 t, this records what each arm would have accepted had a round started there:

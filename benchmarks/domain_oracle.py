@@ -1,5 +1,5 @@
-"""Issue 15's mixed-domain batches with each sequence's drafter fixed by its domain: what
-per-sequence drafter choice can reach when it knows every prompt's domain in advance.
+"""Mixed-domain batches with each sequence's drafter fixed by its domain: what per-sequence
+drafter choice can reach when it knows every prompt's domain in advance.
 
 The bench's mixed set-up (``draftwise bench --batch-size 8``): prompts interleaved by domain,
 continuous batching, greedy, 128 tokens, per-query lanes with the engine's load cap and width cut

@@ -5,7 +5,7 @@ target's token; sampled, Σ min(p, q) = 1 − TV of the two warped distributions
 per-token acceptance under rejection sampling). No clock: the figures are the same on any machine.
 The routed arm's pick (the prompt fit, :class:`draftwise.engine.routing.PromptFit`) is reported per
 domain with the agreement it gets, against the best single drafter's, and so is the pick of routing
-as the engine does it since session 20: the prompt fit moved by what a
+as the engine does it for sampled queries: the prompt fit moved by what a
 :class:`~draftwise.engine.routing.RouteMemory` learned from the earlier prompts' answers (the
 prompts in the order given, the memory taught as the engine teaches it).
 

@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# One prepared device check (a lent CUDA machine: its own torch/transformers, no installs, no network):
+# One prepared device check (a CUDA machine with its own torch/transformers: no installs, no network):
 # the CUDA losslessness tests, then batched benches on the GPU. Every step has its own time limit
 # and copies what it produced to $OUT at once, so a step cut short loses nothing before it.
 # Usage (repo root, on the device): OUT=DIR [ZOO_CORPUS=DIR] [DEVICE=cuda] [STEPS="tests hf16 ..."] \
 #     bash benchmarks/gpu_check.sh
 # Steps (default: all, in this order; each STEP_S=seconds overrides its limit, e.g. SWEEP_S=200):
 #   tests    tests/test_cuda.py
-#   hf16     B = 16: ar against transformers' batched generate (issue 15's 0.95× bar), and the default
+#   hf16     B = 16: ar against transformers' batched generate, and the default
 #   sampled  B = 8, 32 at temperature 0.7: ar, the default, suffix@8, pld
-#   sweep    B = 1, 4, 16, 32: fixed lengths 1–4, banditspec-length, the default, suffix@8 (issue 15)
+#   sweep    B = 1, 4, 16, 32: fixed lengths 1–4, banditspec-length, the default, suffix@8
 #   mixed    mixed-domain B = 8 with the zoo's model drafters
 #   sweepq   B = 32, 16, 4 over 56 prompts (--per-domain 8), 2 repeats: the sweep with passes long enough
-#            to time (issue 15's adaptive length vs the best fixed one; the default vs suffix@8)
+#            to time (the adaptive length vs the best fixed one; the default vs suffix@8)
 #   single   one request at a time (no batch), self_instruct (40) and zoo:dev (28): ar, the default, a fixed
-#            LM drafter (generalist@3) and suffix@8, at temperature 0.7 and greedy (issue 17 on a GPU)
+#            LM drafter (generalist@3) and suffix@8, at temperature 0.7 and greedy
 #   queue32  B = 32 over 56 prompts (a queue: rows refilled; its --per-domain 8 overrides the 4), 3 repeats — at 28 prompts a B = 32 pass
 #            takes < 1 s on an H200 and one hiccup doubles it
 # (ZOO_CORPUS: the zoo's dev/test splits, e.g. copied from ~/.cache/draftwise/zoo-corpus/*/ into an
 # ignored folder that the device call carries; DEVICE=cpu tries the script's mechanics here.)
-# Session 15 ran sweep and mixed on an H200 in ≈ 2 minutes (NOTES, BENCHMARKS).
+# On an H200 sweep and mixed took ≈ 2 minutes together (2026-11-26; figures: BENCHMARKS.md, "GPU").
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"

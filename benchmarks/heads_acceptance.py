@@ -1,7 +1,9 @@
 """Greedy MAT and acceptance of white-box heads (and any other drafters) per domain, through the engine.
 
-    python benchmarks/heads_acceptance.py --build /work/zoo_build/full --heads /work/zoo_build/heads/heads \
-        --drafter zoo:generalist --prompts 12 --out /work/zoo_build/results/heads_acceptance.json
+    python benchmarks/heads_acceptance.py --build BUILD --heads HEADS \
+        --drafter zoo:generalist --prompts 12 --out heads_acceptance.json
+
+(BUILD: a zoo build folder, ``draftwise zoo build``; HEADS: a folder of head folders.)
 
 EAGLE drafts depend on the head's own predicted features, not only on tokens, so the teacher-forced
 shortcut of ``draftwise.zoo.evaluate`` does not apply: every cell runs ``Generator`` with

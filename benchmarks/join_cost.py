@@ -1,6 +1,6 @@
 """What a query's join costs the batched engine, prefill left out: ``BatchEngine._add_lane`` (drafter
 copies, their banks, the learner's copy, the engine's start) and its parts, in ms per lane, with
-the default's pool (the zoo's LM drafters, PLD, suffix). Session 17: 1.1–1.5 → 0.7–0.8 ms.
+the default's pool (the zoo's LM drafters, PLD, suffix). 2026-11-26, a 2-core CPU: 0.58–0.80 ms.
 
     python benchmarks/join_cost.py [--policy ctx-ucb:opening=16] [--lanes 50]
 """

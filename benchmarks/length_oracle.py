@@ -6,8 +6,7 @@ per-round oracle that drafts exactly the tokens that were accepted (nothing wher
 emits the same tokens every round, so it follows the same trajectory and its cost is exact up to the
 cost model: the median measured round time by number of drafted tokens (rounds after the first;
 round 1 also reads the prompt and is kept as measured). No online learner choosing when and how long
-to draft from this drafter's proposals can beat this bound; issue 17 asks the default for 1.15× the
-best single drafter.
+to draft from this drafter's proposals can beat this bound.
 
     python benchmarks/length_oracle.py --zoo-corpus BUILD [--data self_instruct] [--temperature 0.7]
 

@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--no-screen", action="append", default=[], metavar="LABEL",
                         help="run this config without the coupled-sampling noise screen (repeatable)")
     parser.add_argument("--no-route-memory", action="append", default=[], metavar="LABEL",
-                        help="run this config with routing on the prompt alone, as before session 20 "
+                        help="run this config with routing on the prompt alone "
                              "(draftwise.engine.routing.RouteMemory off; repeatable)")
     parser.add_argument("--shuffle", type=int, default=None, metavar="SEED",
                         help="run the prompts in a random order (default: grouped by domain, as bench runs them)")

@@ -1,4 +1,4 @@
-"""Which drafter the policy plays, round by round, along one long answer (issue 17 point 5).
+"""Which drafter the policy plays, round by round, along one long answer.
 
     python benchmarks/round_choices.py --out runs/round_choices               # 384 new tokens, greedy
     python benchmarks/round_choices.py --max-new-tokens 96 --out runs/rc-short

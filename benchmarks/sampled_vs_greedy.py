@@ -1,6 +1,6 @@
 """What sampling costs a batch of plain decoding: `ar` sampled (T 0.7) ÷ `ar` greedy, same prompts,
-same process, batch sizes 8 and 32, 3 repeats after a warm-up (session 16: the coupled noise
-became a hash drawn for a whole round at once).
+same process, batch sizes 8 and 32, 3 repeats after a warm-up (the coupled noise is a hash drawn
+for a whole round at once; before 2026-11-26 it was drawn per lane and position).
 
     python benchmarks/sampled_vs_greedy.py ../shared/data/self_instruct/seed_tasks.jsonl
 

@@ -1,4 +1,5 @@
-"""Checks of the learners against the papers' claims, on the simulator (issue 3, point 8).
+"""Checks of the learners against the papers' claims, on the simulator (BENCHMARKS.md, "Learners
+against the papers").
 
 Each check prints one markdown line with the measured figures (mean ± std over seeds), the
 target, PASS/FAIL, and the command that reproduces it. Usage:

@@ -44,7 +44,7 @@ def full_store(seed: int) -> None:
     for answer in answers[:800]:
         drafter.end_query(answer, 10)
     fill = time.perf_counter() - start
-    nodes = len(getattr(drafter.global_trie, "count", ()))  # 0: an object trie (before session 10)
+    nodes = len(getattr(drafter.global_trie, "count", ()))  # 0: a trie without a node list
     times = []
     for answer in answers[800:]:
         start = time.perf_counter()

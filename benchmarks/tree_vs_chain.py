@@ -13,7 +13,7 @@ drafter spec without tree options, the shapes are appended (``--spec eagle:head=
 ones. A ``plain`` configuration (the target alone) is timed beside them: each configuration's
 ``speedup`` is its tokens/s over plain decoding's, measured in the same process.
 
-    python benchmarks/tree_vs_chain.py --target zoo:target --build /work/zoo_build/full --domains code,sql \
+    python benchmarks/tree_vs_chain.py --target zoo:target --build BUILD --domains code,sql \
         --spec lm:model=zoo:generalist --spec eagle:head=zoo:eagle-generalist --prompts 4
 
 Defaults (one comment each):

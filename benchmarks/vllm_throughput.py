@@ -27,8 +27,8 @@ none) and summarises each level's ratio to ``none`` *of the same repeat* as mean
 KV cache each) and times them chunk by chunk: each chunk of c prompts runs through every method
 in turn, the order rotating from chunk to chunk, and a method's tokens/s is its tokens over its
 own chunks' seconds. A drift of the machine then lands on every method alike within seconds,
-instead of on whichever method ran in a slow minute (session 21: ``none`` at c = 16 ran 1,227 and
-712 tokens/s in two sequential repeats).
+instead of on whichever method ran in a slow minute (on a 2-core CPU ``none`` at c = 16 once ran
+1,227 and 712 tokens/s in two sequential repeats).
 """
 
 from __future__ import annotations

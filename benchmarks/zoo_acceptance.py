@@ -1,6 +1,6 @@
 """Acceptance rate and MAT of every zoo drafter on every domain's held-out split (docs/zoo.md table).
 
-    python benchmarks/zoo_acceptance.py --build /work/zoo_build/full --out results/zoo_acceptance.json
+    python benchmarks/zoo_acceptance.py --build BUILD --out results/zoo_acceptance.json
     python benchmarks/zoo_acceptance.py --build DIR --crosscheck math,sql --crosscheck-prompts 3
 
 The table comes from draftwise.zoo.evaluate (exact greedy round structure from one teacher-forced

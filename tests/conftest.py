@@ -25,9 +25,9 @@ def float32_drafter_heads(monkeypatch):
 @pytest.fixture(autouse=True)
 def grad_mode_is_left_as_found():
     """A test that leaves autograd off (``no_grad`` entered and never left) would fail every later
-    training test of its xdist worker, far from the cause (session 21's CI saw that once: 23 training
-    tests on one worker; session 24's, 2 failed and 21 errors). Restore both modes, and name the test in
-    a warning. (The engine itself restores them after an interrupt: draftwise.grad_modes.)"""
+    training test of its worker process, far from the cause; so would inference mode left on. Restore
+    both modes, and name the test in a warning. (The engine itself restores them after an interrupt:
+    draftwise.grad_modes.)"""
     yield
     leaked = [name for name, on in (("autograd off", not torch.is_grad_enabled()),
                                     ("inference mode on", torch.is_inference_mode_enabled())) if on]

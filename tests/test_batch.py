@@ -1,4 +1,4 @@
-"""Batched rounds (issue 15): many queries per target forward, each exact as if it ran alone.
+"""Batched rounds: many queries per target forward, each exact as if it ran alone.
 
 The batched cache's logits equal the single-query cache's; every sequence of a batch equals its
 own plain greedy decoding over architectures, batch sizes, prompt lengths, drafter kinds and

@@ -1,6 +1,6 @@
 """The losslessness checks again with every model on a CUDA device (skipped where there is none).
 
-CI has no GPU; these run where one is lent (NOTES.md says when they last ran and what they found).
+They run wherever CUDA is available (the last run: BENCHMARKS.md, "GPU").
 A tensor built on the CPU that meets a model's CUDA tensors raises, so a stray device shows up as
 an error; greedy outputs must equal plain greedy decoding on the same device (a near-tie of the
 target's two best logits the only tolerated reason, as in ``test_batch``).

@@ -212,8 +212,8 @@ def test_attributed_reward_is_load_aware():
 
 def test_model_drafters_run_on_the_drafter_bank():
     """Each request's LM drafters run on draftwise's lean batched path, as the engine's do: through
-    transformers' forward a drafted token cost ≈ 4× as much inside vLLM (BENCHMARKS "vLLM proposer
-    → Session 23")."""
+    transformers' forward a drafted token cost ≈ 4× as much inside vLLM (docs/design.md, "vLLM
+    proposer")."""
     from draftwise.drafter_bank import BankLM
 
     core, _ = make(ProposerOptions(drafters=("zoo:generalist",), policy="fixed", arms="generalist@4",

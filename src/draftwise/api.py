@@ -31,8 +31,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# measured best on the zoo dev set (BENCHMARKS.md, "Default policy selection"); the answer's first 16
-# tokens a context of their own since session 14 (BENCHMARKS.md, "Session 14")
+# draftwise's own learner (docs/policies.md): UCB per context — does each lookup propose this round —
+# over the lookups' long drafts, a routed model drafter and no speculation, rewarded by measured
+# tokens/s. Each arm pays where it is cheap: a lookup's match is known before the round, and a model
+# arm is kept only where the machine's measured costs say it pays. The answer's first 16 tokens are a
+# context of their own: lookups rarely match there, and under load what those rounds teach would stop a
+# query drafting for the rest of its answer. On the zoo it ties the best single drafter one request at
+# a time (BENCHMARKS.md; the reasons, measured: docs/design.md, "Policies").
 DEFAULT_POLICY = "ctx-ucb:opening=16"
 SAMPLING_SCHEMES = ("coupled", "rejection")  # how sampled tokens are drawn (draftwise.coupling)
 DEFAULT_SAMPLING = "coupled"  # one seed, one text: whatever the drafters, policy, batch or clock

@@ -126,10 +126,10 @@ def cascade_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm
 
     The lookup is ``arm_drafter`` when given; else, with both in the pool, a pick of ``suffix``
     and ``pld`` (each proposes, the longer draft is verified): +3–5 % over suffix alone on the dev
-    split and on self_instruct, greedy and at T 0.7 (BENCHMARKS.md, "Session 17"); else ``suffix``,
-    else ``pld``, else the first lookup. More lookup *arms* measured slower (NOTES.md); suffix leads
-    because its trie holds the prompt *and* earlier answers, and its drafts were longer on prompts
-    the project never tuned on (BENCHMARKS.md, issue 17)."""
+    split and on self_instruct, greedy and at T 0.7 (docs/design.md, "Policies"); else ``suffix``,
+    else ``pld``, else the first lookup. More lookup *arms* measured slower; suffix leads because
+    its trie holds the prompt *and* earlier answers, and its drafts were longer on prompts the
+    project never tuned on (docs/design.md, "Policies")."""
     lookups = [i for i, d in enumerate(drafters) if not isinstance(d, ModelDrafter)]
     names = [drafters[i].name for i in lookups]
     preferred = [n for n in CASCADE_LOOKUPS if n in names]

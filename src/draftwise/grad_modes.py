@@ -5,8 +5,8 @@ would exit it. A ``no_grad`` guard is then never exited: autograd stays off. An 
 guard is exited only when the traceback that holds it is freed — after the guards around it have
 exited — and it restores the state it saw on entry: inference mode *on* (the outer guard's), with
 no guard left to turn it off. Every later training step of the process then fails ("element 0 of
-tensors does not require grad"). Seen in CI twice (sessions 21 and 24), through
-``tests/test_interrupt.py``'s timer interrupts; a user's Ctrl-C can do the same.
+tensors does not require grad"). A timer interrupt at a random point (``tests/test_interrupt.py``)
+strands it about once in 500; a user's Ctrl-C can do the same.
 """
 
 from __future__ import annotations

@@ -311,8 +311,9 @@ def summarize_batched(rows: Sequence[dict]) -> dict[str, Any]:
             mine = [r for r in at if r["method"] == method]
             tps = [r["tokens_per_s"] for r in mine]
             book = [r["bookkeeping_s"] / r["wall_s"] for r in mine if "bookkeeping_s" in r]
-            learner = [r["policy_s"] / r["wall_s"] for r in mine if "policy_s" in r]  # before session 15: in book
-            sampling = [r["sample_s"] / r["wall_s"] for r in mine if r.get("sample_s")]  # before session 16: in book
+            # rows of older benches have neither: their bookkeeping includes both
+            learner = [r["policy_s"] / r["wall_s"] for r in mine if "policy_s" in r]
+            sampling = [r["sample_s"] / r["wall_s"] for r in mine if r.get("sample_s")]
             table[method] = {
                 "tokens_per_s": round(float(np.mean(tps)), 2), "std": round(float(np.std(tps)), 2),
                 "speedup": round(float(np.mean(tps)) / base, 3), "repeats": len(mine),

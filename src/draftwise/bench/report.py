@@ -260,7 +260,8 @@ def overall_table(full: dict[str, dict[str, Any]]) -> str:
 
 
 def target_checks(full: dict[str, dict[str, Any]]) -> list[str]:
-    """The issue's targets for the default policy, where the compared methods were run."""
+    """The default policy's bars against its peers (the best single drafter, the per-domain oracle,
+    the static router, transformers' assisted generation), where the compared methods were run."""
     def overall(method: str, key: str = "speedup") -> float | None:
         return full.get(method, {}).get(OVERALL, {}).get(key)
 

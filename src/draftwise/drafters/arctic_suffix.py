@@ -9,7 +9,7 @@ differs is the upkeep. Every new token extends up to ``depth`` suffixes in two t
 Python costs ≈ 70–100 µs a request and step, and vLLM's proposer pays it for every request every
 step: inside vLLM, draftwise's proposer took 0.35 ms a step at c = 1 and ≈ 1.5 ms at c = 16 on the
 Python trie, 0.25 and 0.83 ms on this one (vLLM's own ``suffix`` method: 0.08 and 0.40 ms;
-``benchmarks/vllm_ceiling.py``, BENCHMARKS.md "vLLM proposer → Session 22").
+``benchmarks/vllm_ceiling.py``, 2026-11-27; BENCHMARKS.md, "vLLM").
 
 Not available: coupled drafting (``suffix:coupled=1``), trees (``branches``), a token budget for
 the store (Arctic caches whole responses, ``cached_requests`` of them, oldest evicted first).

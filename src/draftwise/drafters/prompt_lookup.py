@@ -50,7 +50,8 @@ class NgramIndex:
 
 # Single-token matches are not proposed by default: on the zoo dev set a 1-gram match predicts the
 # next tokens poorly, and skipping it made PLD alone ≈ 2 % faster and the default policy (which
-# plays a model drafter when PLD has nothing) ≈ 8 % faster (`benchmarks/policy_ab.py`, BENCHMARKS.md).
+# plays a model drafter when PLD has nothing) ≈ 8 % faster (`benchmarks/policy_ab.py`, 2026-11-21;
+# docs/design.md, "Drafters").
 # ``min_ngram=1`` restores the original method (Saxena 2023).
 MIN_NGRAM = 2
 

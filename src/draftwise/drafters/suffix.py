@@ -427,7 +427,7 @@ class SuffixDrafter(Drafter):
         self.name = name
         self.branches = branches  # > 1: a small tree, one continuation per frequent next token
         # under coupled sampling, branch where the target's noise leads (SuffixTrie.coupled_child): more
-        # drafts accepted on the dev split, none faster on either set (BENCHMARKS "Session 18"), so off
+        # drafts accepted on the dev split, none faster on either set (BENCHMARKS.md, "Sampled"), so off
         self.coupled = coupled
         self.depth, self.factor, self.min_prob, self.store_tokens = depth, factor, min_prob, store_tokens
         self.store: deque[list[int]] = deque()  # earlier responses, oldest first

@@ -12,8 +12,8 @@ forward per group of similar lengths, where row by row every prompt stalled the 
 Shared cost. The forward's time is shared by its rows: a fitted step-cost model
 (:mod:`draftwise.step_costs`, ``T ≈ a + b·R + c·D``) splits it, each row paying ``a/R + b + c·d``
 for its ``d`` draft tokens. ``D`` is what the forward computes: every row padded to the longest
-draft, R × that width (the sum of the drafts, fitted before session 13, made a batch where a few
-rows draft look several times cheaper than it is). Throughput rewards therefore see what drafting
+draft, R × that width (a fit on the sum of the drafts would make a batch where a few rows draft
+look several times cheaper than it is). Throughput rewards therefore see what drafting
 really costs at this batch size: nearly nothing at batch 1, about a plain row's step per draft token when the forward
 is compute-bound — so speculation backs off as the batch grows.
 
@@ -25,7 +25,7 @@ draft is cut to the length that pays most at this batch size for a drafter accep
 with probability ``cap_acceptance`` (0.9; the vLLM proposer's load cap,
 :func:`~draftwise.step_costs.length_cap`); where no length pays, every drafting arm is blocked for
 the round and each lane plays ``none``. On the dev set it gave +3 % / +5 % tokens/s to the
-default at B = 16 / 32 (one run each, within noise; BENCHMARKS.md) and nothing at B = 1.
+default at B = 16 / 32 (2026-11-25, one run each, within noise) and nothing at B = 1.
 
 Two ways to decide (``decide``):
 
@@ -141,8 +141,10 @@ class BatchEngine:
         # Per-query decisions: cut every chain to the width that pays for the whole padded batch
         # (``_cut_to_width``), from each draft position's measured survival.
         self.cut_width = cut_width
-        self.share_prefill = True  # queries joining together share their prompts' forwards (off: row by row, for A/B)
-        self.scout_models = True  # one lane a round tries a model arm while its cost is unknown (off: any, for A/B)
+        # Switches of measured mechanisms, each on; off only to measure what it is worth
+        # (benchmarks/batch_ab.py, BENCHMARKS.md "Batched engine"):
+        self.share_prefill = True  # queries joining together share their prompts' forwards (off: row by row)
+        self.scout_models = True  # one lane a round tries a model arm while its cost is unknown (off: any lane)
         self.reserve_at_join = True  # joins make room for their queries' longest contexts (off: grow when full)
         self.cuts_due = 0
         self.survival = DraftSurvival(max((arm.draft_len for arm in arms), default=1) or 1, prior=cap_acceptance or 0.9)
@@ -156,7 +158,7 @@ class BatchEngine:
         # (0.84× plain decoding; 1.17× once measured). Under load they are blocked for every lane
         # (``_unaffordable``).
         self.model_arms = model_arms(self.arms, self.pool.templates)
-        self.mean_model_cost = True  # off: the median (before session 16; for A/B)
+        self.mean_model_cost = True  # off: the median of recent plays, which leaves first plays out (A/B switch)
         self.drafting_arms = frozenset(a for a, arm in enumerate(self.arms) if arm.drafter is not None)
         self.longest_draft = max((arm.draft_len for arm in self.arms), default=0)
         self.longest_model_draft = max((self.arms[a].draft_len for a in self.model_arms), default=0)

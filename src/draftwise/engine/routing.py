@@ -31,7 +31,7 @@ ANSWER_WINDOW = 64
 ANSWER_MIN = 8
 # λ: how much of a drafter's learned answer-minus-prompt fit moves its prompt fit, and the
 # pseudo-queries at no offset the learned mean starts from. Chosen offline on the zoo dev split
-# and checked on self_instruct (NOTES.md, "Session 20"): 0.5 and 1.0 agreed within 0.01 on both.
+# and checked on self_instruct (docs/design.md, "Drafters"): 0.5 and 1.0 agreed within 0.01 on both.
 ANSWER_WEIGHT = 0.5
 ANSWER_PRIOR_QUERIES = 4.0
 # Scoring an answer costs about what routing does (≈ 15 ms on a 2-core CPU for seven small drafters):
@@ -75,7 +75,7 @@ class RouteMemory:
 
     Greedy queries neither learn nor use it: the greedy default routes nearly every query (routing
     took 5.5 % of its wall time on the dev split) and scoring answers cost it 1–6 % more for no gain
-    (NOTES.md, "Session 20"). Under coupled sampling the pick changes speed only, never the text."""
+    (docs/design.md, "Drafters"). Under coupled sampling the pick changes speed only, never the text."""
 
     def __init__(self, weight: float = ANSWER_WEIGHT, prior_queries: float = ANSWER_PRIOR_QUERIES) -> None:
         self.weight = weight  # 0: off (routing on the prompt alone, no answer scored)

@@ -69,7 +69,7 @@ class Policy(ABC):
         self.rng = rng
         self.reward = reward
         self._signal = signal(reward)
-        # Across queries (issue 3, point 4): reset per query (the papers' default) or keep the
+        # Across queries: reset per query (the papers' default) or keep the
         # learned statistics, shrunk by ``decay`` at each new query so old evidence fades.
         if not 0.0 <= decay <= 1.0:
             raise DraftwiseError(f"decay must be in [0, 1], got {decay}")

@@ -1,53 +1,36 @@
 """draftwise's own learner (the default): UCB kept per *context*, where the context is whether the
 lookup drafters have a proposal this round, on a throughput reward with a scale-free bonus.
 
-Why, from the zoo measurements (NOTES.md, "A default that beats the best single drafter"):
+Why this shape (the measurements: docs/design.md, "Policies"):
 
-* a lookup drafter (PLD) costs nothing to ask, and whether it matches is known *before* the
-  round: when it matches it is often the best arm; when it does not, playing it is a plain step;
-* on a CPU target, verifying one extra token cost ≈ +40 % while 2 → 9 tokens added only ≈ +30 %
-  (session 2), so whether to draft at all mattered more than how much; with torch 2.13 the cost
-  grows ≈ linearly instead (≈ +11 % a token, BENCHMARKS.md header), and the lookup's own stopping
-  (its match supports so many tokens) decides how much;
-* each query has one domain, and the drafter that fits it is visible in the prompt (the engine's
-  routed arm, ``auto``).
+* a lookup drafter (PLD, suffix) costs nothing to ask, and whether it matches is known *before*
+  the round: when it matches it is often the best arm; when it does not, playing it is a plain
+  step. So whether to draft is decided with that knowledge, and how much by the lookup's own match;
+* each query has one domain, and the model drafter that fits it is visible in the prompt (the
+  engine's routed arm, ``auto``); whether any model drafter pays depends on the target and the
+  hardware, so it is learned, not assumed.
 
 One learner per context learns "the lookup when it matches, else nothing (or the routed model
-drafter, where it pays)" and corrects it where a domain disagrees (e.g. answers that copy little from the
-prompt). Its arms are the ``cascade`` layout by default. Rewards are tokens per second of the
-round, so the exploration bonus is scaled by the mean reward seen (β is in units of it), and the
-evidence is kept across queries at 0.9 of its weight per query (``keep``/``decay``): the arms are
-abstract ("the lookup", "the routed model drafter"), so what one query teaches carries over.
-Every drafted round it also hears what ``none`` would have earned (``plain``; the engine measures
-plain rounds), so ``none`` needs no exploring.
+drafter, where it pays)" and corrects it where the data disagree. Its arms are the ``cascade``
+layout by default. Rewards are tokens per second of the round, so the exploration bonus is scaled
+by the mean reward seen (β is in units of it). The evidence is kept across queries at ``decay`` of
+its weight per query: the arms are abstract ("the lookup", "the routed model drafter"), so what one
+query teaches carries over. A model arm's evidence decays by ``model_decay`` (1: not at all): its
+worth is a property of the drafter, the target and the hardware, not of one query, while how often
+a lookup matches is. Every drafted round it also hears what ``none`` would have earned (``plain``;
+the engine measures plain rounds), so ``none`` needs no exploring.
 
-Each context starts from a rule-shaped prior: "the lookup when it has a proposal, else ``none``"
-leads (``fallback=model``: else the routed model drafter, the rule until session 11), worth
-``lead`` pseudo-observations per arm (the others at ``lag`` × its
-value, in units of the mean reward seen). Exploring every arm first cost more than it taught
-within short queries (≈ 6 % slower on the dev set, `benchmarks/policy_ab.py`). The prior is never
-decayed but weighs only ``lead`` observations, and they take over where they do better.
+Each context starts from a rule-shaped prior: the arm of a lookup that has a proposal leads, else
+``none`` (``fallback=model``: the routed model drafter), worth ``lead`` pseudo-observations per arm,
+the others at ``lag`` × its value, in units of the mean reward seen. Exploring every arm first
+costs more than it teaches within short queries; the prior is never decayed but weighs only
+``lead`` observations, so the data take over where they do better (``lead=0``: plain UCB per
+context).
 
-Defaults (β 0.25, decay 0.9, lead 1, ``plain``; session 9, chosen on the dev split): under
-sampling (T 0.7), where the arms' gaps are ≈ 15 % and the earlier β 0.5 / decay 0.5 / lead 4
-re-explored every query, 0.94× plain decoding vs 0.83× on dev, 1.00× vs 0.93× on self_instruct;
-greedy a tie on dev, 1.88× vs 1.79× on self_instruct (BENCHMARKS.md, "Hearing plain rounds").
-
-Session 11 (``fallback=none``, ``model_decay=1``, chosen on the dev split): the routed model arm
-earned less than a plain round in every run of it on this CPU, yet the old rule prior led with it
-wherever the lookup had no match, and its evidence decayed with the rest, so the bonus re-tried it
-about once in two queries (≈ 20 ms each, routing and prefill included). Now the prior leads with
-``none`` there and a model arm's evidence is not decayed: its worth is a property of the drafter,
-the target and the hardware, not of one query (a lookup's match rate is, hence its decay). Where
-model drafting pays (a GPU, a good drafter) the data still win and keep it. Dev: greedy 1.91× vs
-1.83× plain decoding, T 0.7 0.99× vs 0.97× (three runs each); self_instruct: greedy 2.17× vs
-2.14×, T 0.7 1.08× vs 1.06× (BENCHMARKS.md, "Session 11").
-
-``min_match`` (default 1): a lookup counts as proposing only with at least this many tokens. With 2
-and ``fallback=model``, one-token matches go to the model arm: a fixed rule of that shape with the
-generalist ran 1.03–1.10× suffix@8 on the dev split, but the learner over the routed arm did not
-carry it out of domain (session 24: dev +2 %, self_instruct −0.4 %, zoo:test −2.5 % against the
-default), so it is not the default's.
+``opening`` (default 0; the engine's default policy uses 16): the answer's first tokens are a
+context of their own — lookups rarely match there, and what those rounds teach should not stand for
+the rest of the answer. ``min_match`` (default 1): a lookup counts as proposing only with at least
+this many tokens (with ``fallback=model``, shorter matches go to the model arm).
 """
 
 from __future__ import annotations

@@ -46,12 +46,12 @@ TIME_UNITS = ("plain-step", "seconds")
 DEFAULT_POLICY = "ctx-ucb"
 # The suffix method alone: its trie holds the prompt (what PLD looks up) and earlier responses. With
 # PLD beside it the default learner ran 0.87–0.94× its speed at c = 1–32 in vLLM on a 2-core CPU
-# (interleaved, `benchmarks/vllm_throughput.py --interleaved`; BENCHMARKS.md, "vLLM proposer →
-# Session 21"): a second lookup every step, and an arm to explore in every request.
+# (interleaved, `benchmarks/vllm_throughput.py --interleaved`, 2026-11-26; docs/design.md, "vLLM
+# proposer"): a second lookup every step, and an arm to explore in every request.
 DEFAULT_DRAFTERS = ("suffix",)
 # The same method on Arctic Inference's C++ tries, where that package is installed (vLLM's own
 # `suffix` method needs it too): the Python trie's upkeep is paid per request per step, and at
-# c = 4–32 it cost the proposer 11–16 % of its throughput (BENCHMARKS.md, "vLLM proposer → Session 22").
+# c = 4–32 it cost the proposer 11–16 % of its throughput (BENCHMARKS.md, "vLLM").
 # Named `suffix` either way, so that arms and statistics do not change with what is installed.
 NATIVE_DRAFTERS = ("arctic-suffix:name=suffix",)
 
