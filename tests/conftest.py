@@ -4,6 +4,7 @@ session, then loaded through the same path as any checkpoint."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -100,7 +101,31 @@ def build_models(root: Path) -> dict[str, Path]:
     save("gpt2-near", _perturbed(gpt_target, 0.3, 3))
     other = dict(llama, vocab_size=vocab + 7)
     save("llama-othervocab", LlamaForCausalLM(LlamaConfig(num_hidden_layers=1, **other)).eval())
+    kept = [i for i in range(vocab) if i % 8 != 5]  # ids ≡ 5 (mod 8) are never proposed
+    save("llama-subvocab", _subvocab_twin(target, keep=kept))
+    (paths["llama-subvocab"] / "draft_vocab.json").write_text(
+        json.dumps({"target_vocab_size": vocab, "target_ids": kept}))
     return paths
+
+
+def _subvocab_twin(target: torch.nn.Module, keep: list[int]) -> torch.nn.Module:
+    """The target speaking only the ids in ``keep`` (plus one id for every other token): it agrees
+    with the target wherever the target's choice is among them (a frequency-ranked drafter's shape)."""
+    from transformers import LlamaForCausalLM
+
+    config = copy.deepcopy(target.config)
+    config.vocab_size = len(keep) + 1
+    twin = LlamaForCausalLM(config).eval()
+    state = {k: v for k, v in target.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k}
+    twin.load_state_dict(state, strict=False)
+    rows = torch.tensor(keep)
+    with torch.no_grad():
+        embed, head = target.model.embed_tokens.weight, target.lm_head.weight
+        others = torch.ones(len(embed), dtype=torch.bool)
+        others[rows] = False
+        twin.model.embed_tokens.weight.copy_(torch.cat([embed[rows], embed[others].mean(0, keepdim=True)]))
+        twin.lm_head.weight.copy_(torch.cat([head[rows], head[others].mean(0, keepdim=True)]))
+    return twin
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from draftwise import Generator
 from draftwise.drafters import Draft, Drafter, LMDrafter, PromptLookupDrafter, SuffixDrafter
 from draftwise.verify import Sampling, warp
+from draftwise.vocab_map import VocabMap, attach_vocab_map
 
 VOCAB = 5
 NEW = 3
@@ -25,9 +26,9 @@ DRAWS = 2000
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
 
 
-def _model(seed: int, layers: int) -> LlamaForCausalLM:
+def _model(seed: int, layers: int, vocab: int = VOCAB) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
+    config = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
                          initializer_range=0.3, eos_token_id=None, bos_token_id=None, pad_token_id=None)
     return LlamaForCausalLM(config).eval()
@@ -75,8 +76,16 @@ def _draws(gen: Generator, sampling: Sampling) -> np.ndarray:
     return counts
 
 
+def _subvocab_drafter() -> LMDrafter:
+    """A drafter over target ids 0, 2 and 4 only (its fourth id stands for 1 and 3)."""
+    model = _model(12, 1, vocab=4)
+    attach_vocab_map(model, VocabMap([0, 2, 4], VOCAB))
+    return LMDrafter(model, name="subvocab")
+
+
 DRAFTERS = {
     "lm": lambda: LMDrafter(_model(11, 1), name="lm"),
+    "lm-subvocab": _subvocab_drafter,
     "pld": lambda: PromptLookupDrafter(),
     "suffix": lambda: SuffixDrafter(min_prob=0.0, factor=4.0),
     "noise": lambda: RandomPointMass(),

