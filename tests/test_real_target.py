@@ -31,7 +31,10 @@ def test_the_default_target_answers_like_its_own_greedy_decoding(real_target: Ge
     assert tokenizer is not None
 
 
-@pytest.mark.parametrize("drafter", ["pld", "suffix", *[f"zoo:{n}" for n in zoo_drafter_names(target=DEFAULT_TARGET)[:2]]])
+REAL_DRAFTERS = [f"zoo:{name}" for name in zoo_drafter_names(target=DEFAULT_TARGET)]
+
+
+@pytest.mark.parametrize("drafter", ["pld", "suffix", *REAL_DRAFTERS[:2]])
 def test_each_drafter_kind_keeps_the_target_s_tokens(real_target: Generator, drafter: str) -> None:
     from draftwise.drafters import build_drafters
     from draftwise.loading import LoadOptions

@@ -43,8 +43,8 @@ def test_greedy_losslessness_on_zoo_models() -> None:
 
 
 @needs_zoo
-def test_generate_defaults_to_the_embedded_zoo(capsys) -> None:
-    code = main(["generate", "--max-new-tokens", "24", "--json", PROMPTS[0]])
+def test_generate_with_the_zoo_target_uses_its_whole_pool(capsys) -> None:
+    code = main(["generate", "--target", "zoo:target", "--max-new-tokens", "24", "--json", PROMPTS[0]])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["stats"]["new_tokens"] > 0
     # auto@4=code → code; the pick suffix/pld@8 → suffix, pld

@@ -50,8 +50,9 @@ def expand_specs(specs: Sequence[str], target: Any = None) -> list[str]:
     for spec in specs:
         if spec == "zoo:all":
             from draftwise.zoo import zoo_drafter_names, zoo_target_of
+            from draftwise.zoo.load import TOY_TARGET
 
-            family = zoo_target_of(output_size(target) if target is not None else 0)
+            family = zoo_target_of(output_size(target)) if target is not None else TOY_TARGET
             out.extend(f"zoo:{name}" for name in zoo_drafter_names(target=family))
         elif spec == ZOO_HEADS:
             from draftwise.zoo import zoo_head_names

@@ -90,13 +90,28 @@ def zoo_drafter_names(models: Path | None = None, target: str = TOY_TARGET) -> l
     return [e.name for e in zoo_entries(models) if e.role == "drafter" and e.target == target]
 
 
-def zoo_target_of(vocab_size: int, models: Path | None = None) -> str:
-    """Which zoo family a target of this vocabulary belongs to: the named real model whose drafters
-    speak it, else the toy zoo's (whose drafters then fail the vocabulary check with a clear error)."""
+def zoo_families(models: Path | None = None) -> dict[str, int]:
+    """Each target the zoo has drafters for → that target's vocabulary size."""
+    folder = models or shipped_models_dir()
+    families: dict[str, int] = {}
     for entry in zoo_entries(models):
-        if entry.target != TOY_TARGET and entry.role == "drafter" and entry.target_vocab == vocab_size:
-            return entry.target
-    return TOY_TARGET
+        if entry.role == "drafter" and entry.target not in families:
+            vocab = entry.target_vocab
+            if not vocab and (folder / TARGET_NAME / "config.json").exists():
+                vocab = int(json.loads((folder / TARGET_NAME / "config.json").read_text()).get("vocab_size", 0))
+            families[entry.target] = vocab
+    return families
+
+
+def zoo_target_of(vocab_size: int, models: Path | None = None) -> str:
+    """The target whose zoo drafters speak a vocabulary of ``vocab_size`` tokens (``zoo:all`` with it)."""
+    families = zoo_families(models)
+    for target, vocab in families.items():
+        if vocab == vocab_size:
+            return target
+    known = ", ".join(f"{t} ({v} tokens)" for t, v in families.items())
+    raise DraftwiseError(f"zoo:all: the zoo has no drafters for a target with a vocabulary of {vocab_size} tokens; "
+                         f"it has drafters for {known}")
 
 
 def zoo_head_names(models: Path | None = None) -> list[str]:
