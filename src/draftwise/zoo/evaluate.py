@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from draftwise.vocab_map import vocab_map_of
 from draftwise.zoo.corpus import DOMAINS, SPECIALIST_DOMAINS, Example, read_split
 from draftwise.zoo.load import TARGET_NAME, zoo_entries
 from draftwise.zoo.tokenizer import encode_prompts
@@ -106,8 +107,10 @@ def target_continuations(
 @torch.no_grad()
 def teacher_forced_matches(drafter: PreTrainedModel, prompt: list[int], continuation: list[int]) -> list[bool]:
     """match[j]: the drafter's argmax after prompt + continuation[:j] equals continuation[j]."""
-    ids = torch.tensor([prompt + continuation])
+    vocab = vocab_map_of(drafter)  # a drafter over a vocabulary subset reads and writes through its map
+    ids = vocab.draft_ids(prompt + continuation)[None] if vocab is not None else torch.tensor([prompt + continuation])
     logits = drafter(input_ids=ids).logits[0]  # (T, V)
+    logits = vocab.target_logits(logits) if vocab is not None else logits
     predicted = logits[len(prompt) - 1 : len(prompt) - 1 + len(continuation)].argmax(-1)
     return (predicted == torch.tensor(continuation)).tolist()
 
