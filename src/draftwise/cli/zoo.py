@@ -127,7 +127,7 @@ def distill_action(args: argparse.Namespace) -> int:
     add_log_file(args.log)
     made = run_distill(args.target, data_dir(args), Path(args.out), plan=LabelPlan(per_domain=args.per_domain),
                        labels=Path(args.labels) if args.labels else None, until=args.until or "",
-                       install=args.install)
+                       install=args.install, only=args.only.split(",") if args.only else ())
     print(f"drafters for {args.target} under {Path(args.out) / 'models'}: {', '.join(made) or 'labels only'}")
     return 0
 
@@ -198,6 +198,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--labels", default=None, help="label folder (default: OUT/labels)")
     p.add_argument("--per-domain", type=int, default=400, help="training instructions answered per domain (400)")
     p.add_argument("--until", choices=("labels",), help="stop after this stage")
+    p.add_argument("--only", help="train only these drafters, comma-separated (generalist, code, math, …)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--install", action="store_true", help="then copy the drafters into the package's zoo")
     p.add_argument("--log", help="also append progress logs to this file")

@@ -39,8 +39,8 @@ class DrafterRecipe:
     kv_heads: int = 4
     vocab: int = 4096  # drafter ids: vocab − 1 listed target tokens + one for the rest
     seq_len: int = 512
-    generalist: TrainConfig = TrainConfig(steps=600, batch=16, seq_len=512, lr=2e-3, warmup=40)
-    specialist: TrainConfig = TrainConfig(steps=120, batch=16, seq_len=512, lr=6e-4, warmup=10)
+    generalist: TrainConfig = TrainConfig(steps=300, batch=16, seq_len=512, lr=2e-3, warmup=30)
+    specialist: TrainConfig = TrainConfig(steps=60, batch=16, seq_len=512, lr=6e-4, warmup=6)
 
 
 def choose_vocabulary(answers: Sequence[Sequence[int]], size: int, always: Sequence[int],
@@ -169,9 +169,11 @@ def corpus_for(data: Path, out: Path) -> Any:
 
 
 def run_distill(target_name: str, data: Path, out: Path, *, plan: Any = None, recipe: DrafterRecipe | None = None,
-                labels: Path | None = None, until: str = "", install: bool = False) -> list[str]:
+                labels: Path | None = None, until: str = "", install: bool = False,
+                only: Sequence[str] = ()) -> list[str]:
     """Labels → vocabulary → generalist → specialists (→ installed into the package's zoo), each
-    stage skipped when its output exists: an interrupted build resumes where it stopped."""
+    stage skipped when its output exists: an interrupted build resumes where it stopped. ``only``
+    trains just the drafters it names (specialists need the generalist first)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from draftwise.loading import resolve_model_path
@@ -189,29 +191,32 @@ def run_distill(target_name: str, data: Path, out: Path, *, plan: Any = None, re
         label_domain(target, tokenizer, corpus.train[domain], labels / f"{domain}.jsonl", plan)
     if until == "labels":
         return []
-    data_of = {d: [(chat_prompt_ids(tokenizer, e.instruction), a)
+    data_of = {d: [(chat_prompt_ids(tokenizer, e.instruction), a, a)  # greedy: the labels are the continuation
                    for e, a in read_labels(labels / f"{d}.jsonl", corpus.train[d])] for d in DOMAINS}
     vocab_path = out / "vocabulary.json"
     if not vocab_path.exists():
-        pairs = [pair for domain_pairs in data_of.values() for pair in domain_pairs]
-        ids = choose_vocabulary([a for _, a in pairs], recipe.vocab - 1, always=[tokenizer.eos_token_id],
-                                then=[p for p, _ in pairs])
+        triples = [t for domain_triples in data_of.values() for t in domain_triples]
+        ids = choose_vocabulary([a for _, _, a in triples], recipe.vocab - 1, always=[tokenizer.eos_token_id],
+                                then=[p for p, _, _ in triples])
         vocab_path.write_text(json.dumps(ids) + "\n")
     vocab = VocabMap(json.loads(vocab_path.read_text()), int(target.config.vocab_size))
-    answers = [a for pairs in data_of.values() for _, a in pairs]
+    answers = [a for triples in data_of.values() for _, _, a in triples]
     coverage = sum(int(vocab.to_draft[t]) != vocab.other for a in answers for t in a) / max(1, sum(map(len, answers)))
     log.info("vocabulary of %d tokens covers %.4f of the answers' tokens", vocab.other, coverage)
     made = []
     for name, domains in [("generalist", DOMAINS), *[(d, (d,)) for d in SPECIALIST_DOMAINS]]:
         model_dir = out / "models" / name
+        if only and name not in only:
+            continue
         if not (model_dir / "model.safetensors").exists():
+            model: Any
             if name == "generalist":
                 model = new_drafter(recipe, target, vocab, seed=1)
                 config = recipe.generalist
             else:
                 model = AutoModelForCausalLM.from_pretrained(str(out / "models" / "generalist"), dtype=torch.float32)
                 config = recipe.specialist
-            stream = training_stream([pair for d in domains for pair in data_of[d]], vocab)
+            stream = training_stream([t for d in domains for t in data_of[d]], vocab)
             meta = train_drafter(model, stream, config, seed=2, checkpoint=out / f"{name}.ckpt", label=name)
             meta.update(domains=list(domains), vocabulary_coverage=round(coverage, 4),
                         label_answers=sum(len(data_of[d]) for d in domains))

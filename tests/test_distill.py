@@ -1,0 +1,63 @@
+"""Distilling drafters for a real target: vocabulary choice, training streams, and a drafter that
+round-trips through its folder into the engine (tiny models)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from draftwise import Generator
+from draftwise.drafters import build_drafters
+from draftwise.loading import LoadOptions, load_causal_lm
+from draftwise.vocab_map import VocabMap
+from draftwise.zoo.distill import (
+    DrafterRecipe,
+    choose_vocabulary,
+    new_drafter,
+    save_drafter,
+    train_drafter,
+    training_stream,
+)
+from draftwise.zoo.train import ModelShape
+
+
+def test_the_vocabulary_is_the_most_frequent_answer_tokens_then_prompt_tokens() -> None:
+    answers = [[5, 5, 5, 7, 7, 9], [7, 5]]
+    assert choose_vocabulary(answers, 3, always=[0]) == [0, 5, 7]
+    assert choose_vocabulary(answers, 5, always=[0], then=[[11, 11, 3]]) == [0, 5, 7, 9, 11]
+    assert len(choose_vocabulary([[1]], 6, always=[])) == 6  # filled by id when texts run out
+
+
+def test_a_training_stream_learns_the_labels_after_each_prefix_and_nothing_else() -> None:
+    vocab = VocabMap([10, 11, 12, 13], target_size=20)
+    ids, targets = training_stream([([10, 11], [12, 19, 13], [12, 19, 13])], vocab)
+    assert ids.tolist() == [0, 1, 2, 4, 3]  # 19 is unlisted: the "other" id
+    # position 1 (the prompt's last) predicts 12; 19 cannot be proposed (−1); position 3 predicts 13
+    assert targets.tolist() == [-1, 2, -1, 3, -1]
+    _, choices = training_stream([([10], [11, 12], [13, 12])], vocab)  # the target's choices along a reference
+    assert choices.tolist() == [3, 2, -1]
+
+
+def test_a_distilled_drafter_loads_from_its_folder_and_stays_lossless(tiny_models, tmp_path) -> None:
+    options = LoadOptions()
+    target, tokenizer = load_causal_lm(str(tiny_models["llama-target"]), options)
+    recipe = DrafterRecipe(shape=ModelShape(layers=1, hidden=16, intermediate=32, heads=2, max_positions=256),
+                           kv_heads=2, vocab=24)
+    rng = np.random.default_rng(0)
+    vocab = VocabMap(choose_vocabulary([rng.integers(2, 56, 40).tolist()], recipe.vocab - 1, always=[0]), 56)
+    model = new_drafter(recipe, target, vocab, seed=0)
+    examples = [(rng.integers(2, 56, 6).tolist(), (a := rng.integers(2, 56, 10).tolist()), a) for _ in range(40)]
+    config = replace(recipe.generalist, steps=3, batch=4, seq_len=32, warmup=1)
+    meta = train_drafter(model, training_stream(examples, vocab), config, seed=0,
+                         checkpoint=tmp_path / "ckpt", label="tiny")
+    assert meta["steps"] == 3 and np.isfinite(meta["final_loss"])
+    save_drafter(model, vocab, tmp_path / "drafter", {"domains": ["code"]})
+    tokenizer.save_pretrained(tmp_path / "drafter")
+    [drafter] = build_drafters([str(tmp_path / "drafter")], target, tokenizer, options)
+    gen = Generator(target, tokenizer, [drafter], policy="fixed:0", draft_len=3)
+    plain = Generator(target, tokenizer, [], policy="fixed:none")
+    prompt = [3, 4, 5, 6, 3, 4]
+    assert gen.generate(prompt, max_new_tokens=20).token_ids == plain.generate(prompt, max_new_tokens=20).token_ids
+    assert torch.isinf(drafter.next_logits(prompt, 1)).sum() == 56 - (recipe.vocab - 1)
