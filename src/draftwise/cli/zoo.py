@@ -27,9 +27,9 @@ def list_action(args: argparse.Namespace) -> int:
         print(json.dumps([e.__dict__ for e in entries], indent=2))
         return 0
     width = max([4, *(len(e.name) for e in entries)])  # the name column fits the longest name
-    print(f"{'name':<{width}} {'role':<8} {'domains':<48} {'params':>9} {'size':>9}")
+    print(f"{'name':<{width}} {'role':<8} {'for target':<11} {'domains':<48} {'params':>9} {'size':>9}")
     for e in entries:
-        print(f"{e.name:<{width}} {e.role:<8} {','.join(e.domains):<48} "
+        print(f"{e.name:<{width}} {e.role:<8} {e.target:<11} {','.join(e.domains):<48} "
               f"{e.params / 1e6:>8.2f}M {e.bytes / 1e6:>7.1f}MB")
     return 0
 
