@@ -61,3 +61,20 @@ def test_a_distilled_drafter_loads_from_its_folder_and_stays_lossless(tiny_model
     prompt = [3, 4, 5, 6, 3, 4]
     assert gen.generate(prompt, max_new_tokens=20).token_ids == plain.generate(prompt, max_new_tokens=20).token_ids
     assert torch.isinf(drafter.next_logits(prompt, 1)).sum() == 56 - (recipe.vocab - 1)
+
+
+def test_transformers_assisted_generation_runs_a_vocabulary_subset_drafter_through_its_view(tiny_models) -> None:
+    from draftwise.bench.methods import full_vocabulary_view
+
+    options = LoadOptions()
+    target, tokenizer = load_causal_lm(str(tiny_models["llama-target"]), options)
+    [drafter] = build_drafters([str(tiny_models["llama-subvocab"])], target, tokenizer, options)
+    view = full_vocabulary_view(drafter.model)
+    ids = torch.tensor([[3, 4, 5, 6, 3, 4]])
+    with torch.inference_mode():
+        plain = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)
+        assisted = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
+                                   assistant_model=view, num_assistant_tokens=3, assistant_confidence_threshold=0.0)
+    assert assisted.tolist() == plain.tolist()
+    assert view.model is drafter.model.model  # the same weights
+    assert view.lm_head.weight.shape[0] == 56 - 7 + 1  # its own head: 49 kept ids and one for the rest

@@ -21,6 +21,7 @@ configurations only).
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -322,12 +323,36 @@ def _hf_assisted(bench: Workbench, arg: str) -> Method:
     schedule = options.get("schedule", "constant")
     if schedule not in SCHEDULES:
         raise DraftwiseError(f"method hf-assisted:{arg}: schedule must be one of {', '.join(SCHEDULES)}")
-    kwargs: dict[str, Any] = {"assistant_model": bench.lm_model(drafter)}
+    kwargs: dict[str, Any] = {"assistant_model": full_vocabulary_view(bench.lm_model(drafter))}
     if schedule != "default":  # threshold 0: a constant-k comparison (MEASURED.md); 'default' = transformers' own
         kwargs.update(num_assistant_tokens=bench.peer_draft_len, num_assistant_tokens_schedule=schedule,
                       assistant_confidence_threshold=0.0)
     name = f"hf-assisted:{drafter}" + ("" if schedule == "constant" else f",schedule={schedule}")
     return HFMethod(name, bench.model, kwargs)
+
+
+def full_vocabulary_view(model: Any) -> Any:
+    """A drafter over a vocabulary subset as transformers' assisted generation can use it: the same
+    weights, reading and writing the target's ids (draftwise.vocab_map); any other model as it is."""
+    from draftwise.vocab_map import vocab_map_of
+
+    found = vocab_map_of(model)
+    if found is None:
+        return model
+    vocab = found
+
+    class FullVocabulary(type(model)):  # type: ignore[misc]
+        def forward(self, input_ids: Any = None, **kwargs: Any) -> Any:
+            mapped = None if input_ids is None else vocab.to_draft.to(input_ids.device)[input_ids]
+            out = super().forward(input_ids=mapped, **kwargs)
+            out.logits = vocab.target_logits(out.logits)
+            return out
+
+    view = copy.copy(model)  # shares every parameter and buffer
+    view.__class__ = FullVocabulary
+    view.config = copy.deepcopy(model.config)
+    view.config.vocab_size = vocab.target_size  # what transformers compares with the target's
+    return view
 
 
 @register_method("hf-pld", "transformers prompt-lookup decoding: hf-pld[:tokens=K,ngram=N]")
