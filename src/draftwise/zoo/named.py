@@ -225,7 +225,8 @@ def convert_gguf(path: Path, dest: Path) -> None:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
     if [k for k in missing if not k.endswith("lm_head.weight")] or unexpected:
-        raise DraftwiseError(f"{path.name}: weights do not fit their config (missing {missing}, unexpected {unexpected})")
+        raise DraftwiseError(f"{path.name}: weights do not fit their config (missing {missing}, "
+                             f"unexpected {unexpected})")
     plain.tie_weights()
     plain.save_pretrained(str(dest))
     tokenizer.save_pretrained(str(dest))
