@@ -23,7 +23,7 @@ from draftwise.policies import POLICIES, PRESETS, make_policy
 from draftwise.policies.contextual import contextual_spec
 from draftwise.step_costs import StepCostModel
 from draftwise.trace import GenerationResult, summarize
-from draftwise.verify import Sampling
+from draftwise.verify import Sampling, sampling_settings
 
 if TYPE_CHECKING:
     from draftwise.session import BatchSession
@@ -144,7 +144,8 @@ class Generator:
         ignore_eos: bool = False,
         truncate: bool = False,
     ) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens; greedy when ``temperature`` is 0.
+        """Generate up to ``max_new_tokens`` tokens; greedy when ``temperature`` is 0 (or below
+        :data:`~draftwise.verify.GREEDY_BELOW`, 1e-5).
 
         ``truncate`` keeps only the last tokens of a prompt too long for the target's context.
         """
@@ -315,8 +316,8 @@ def _check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, 
         raise DraftwiseError(f"top_p must lie in (0, 1], got {top_p!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
         raise DraftwiseError(f"top_k must be an integer ≥ 1, got {top_k!r}")
-    return Sampling(temperature=float(temperature), top_k=None if top_k is None else int(top_k),
-                    top_p=None if top_p is None else float(top_p))
+    return sampling_settings(float(temperature), None if top_k is None else int(top_k),
+                             None if top_p is None else float(top_p))
 
 
 def check_sampling_scheme(scheme: str) -> bool:

@@ -27,9 +27,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("prompt", nargs="?", help="the prompt text; read from stdin when omitted or '-'")
     add_model_options(p)
     p.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default; so is anything below 1e-5); > 0 samples")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="nucleus sampling mass in (0, 1] (the most likely token always stays)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop once this text appears (repeatable)")
