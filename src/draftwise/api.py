@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,15 @@ DEFAULT_DRAFT_LEN = 4  # draft tokens per round; verifying 5 tokens costs ≈ 1.
 
 
 class Generator:
-    """A target model, a pool of drafters and a policy choosing among them each round."""
+    """A target model, a pool of drafters and a policy choosing among them each round.
+
+    Safe to share between threads: its calls run one at a time. :meth:`generate` and
+    :meth:`generate_batch` hold the Generator's lock from start to end, and so does each call on one of
+    its :class:`~draftwise.session.BatchSession` objects (``add``, ``step``, ``run``, ``cancel``), so a
+    second thread waits for the first to finish rather than share the target's caches and the learner
+    mid-query. For throughput from many threads, feed one batch session (as ``draftwise serve`` does)
+    or give each thread its own Generator.
+    """
 
     def __init__(
         self,
@@ -82,6 +91,8 @@ class Generator:
         self.step_costs = StepCostModel()
         self.max_context = context_limit(target)
         self.eos_ids = _eos_ids(target, tokenizer)
+        # One query or session call at a time (see the class docstring); reentrant: generate_batch runs a session
+        self.lock = threading.RLock()
 
     @classmethod
     def from_pretrained(
@@ -151,9 +162,10 @@ class Generator:
         """
         ids, settings, seed = self.prepare(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, ignore_eos,
                                            truncate)
-        generator = torch.Generator(device=self.target.device).manual_seed(seed)
-        self.policy.rng = np.random.default_rng(seed)
-        return self.result(ids, self.engine.run(ids, settings, generator), seed)
+        with self.lock:
+            generator = torch.Generator(device=self.target.device).manual_seed(seed)
+            self.policy.rng = np.random.default_rng(seed)
+            return self.result(ids, self.engine.run(ids, settings, generator), seed)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 128,
                        temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
@@ -173,15 +185,16 @@ class Generator:
         seeds = list(seed) if isinstance(seed, Sequence) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
             raise DraftwiseError(f"seed: one per prompt ({len(prompts)}), got {len(seeds)}")
-        session = self.batch_session(batch_size, decide)
-        handles: list[Any] = []
-        for prompt, one_seed in zip(prompts, seeds):
-            try:
-                handles.append(session.add(prompt, max_new_tokens, temperature, top_k, top_p, one_seed, stop,
-                                           ignore_eos, truncate))
-            except DraftwiseError as error:
-                handles.append(error)
-        session.run()
+        with self.lock:
+            session = self.batch_session(batch_size, decide)
+            handles: list[Any] = []
+            for prompt, one_seed in zip(prompts, seeds):
+                try:
+                    handles.append(session.add(prompt, max_new_tokens, temperature, top_k, top_p, one_seed, stop,
+                                               ignore_eos, truncate))
+                except DraftwiseError as error:
+                    handles.append(error)
+            session.run()
         return [self.failed(str(h)) if isinstance(h, DraftwiseError) else h.result for h in handles]
 
     def batch_session(self, max_batch: int = 32, decide: str = "query") -> BatchSession:
