@@ -137,11 +137,8 @@ def _record(arm: int, accepted: int, index: int = 0) -> RoundRecord:
                        draft_s=0.001, verify_s=0.002)
 
 
-@pytest.mark.parametrize("spec", ["ctx-ucb", "ucb:keep=True", "exp3:keep=True", "ts-beta:keep=True",
-                                  "ucb-tuned:keep=True", "swucb:keep=True", "hierarchical:keep=True",
-                                  "normalhedge:keep=True"])
-def test_learner_state_round_trips_through_json(tmp_path, spec):
-    arms = ["pld@8", "auto@4", "none"] if spec.startswith("ctx") else ["a+static", "a+svip", "b+static"]
+def _exercised(spec: str, arms: list[str]) -> Any:
+    """A learner after three queries of feedback (contexts, bandit or full-information)."""
     policy = make_policy(spec, arms, np.random.default_rng(0))
     for q in range(3):
         policy.begin_query()
@@ -152,17 +149,117 @@ def test_learner_state_round_trips_through_json(tmp_path, spec):
                 policy.observe_losses([((a + q + i) % 5) / 5 for a in range(len(arms))])
             else:
                 policy.update(arm, _record(arm, (arm + q + i) % 5, i))
-    path = tmp_path / "state.json"
-    save_state(path, policy, spec)
-    json.loads(path.read_text())  # plain JSON (no pickle)
+    return policy
+
+
+def _arms_for(spec: str) -> list[str]:
+    return ["pld@8", "auto@4", "none"] if spec.startswith("ctx") else ["a+static", "a+svip", "b+static"]
+
+
+def _every_policy() -> list[str]:
+    from draftwise.policies import POLICIES, policy_options
+
+    return [f"{name}:keep=True" if "keep" in policy_options(name) else name for name in sorted(POLICIES)]
+
+
+@pytest.mark.parametrize("spec", ["ctx-ucb", "ctx-ucb:opening=16", *_every_policy()])
+def test_every_learner_state_round_trips_through_json(tmp_path, spec, caplog):
+    arms = _arms_for(spec)
+    policy = _exercised(spec, arms)
+    path, again = tmp_path / "state.json", tmp_path / "again.json"
+    with caplog.at_level("WARNING"):
+        save_state(path, policy, spec)
+    assert not caplog.records  # nothing left out (sets and caches included)
+    saved = json.loads(path.read_text())  # plain JSON (no pickle)
     fresh = make_policy(spec, arms, np.random.default_rng(0))
     assert load_state(path, fresh, spec)
-    assert fresh.state_dict() == policy.state_dict()
-    # both choose alike from here on (same generator state)
+    save_state(again, fresh, spec)
+    assert json.loads(again.read_text()) == saved
+    # both choose alike from the next query on (same generator state)
     policy.rng, fresh.rng = np.random.default_rng(5), np.random.default_rng(5)
     for p in (policy, fresh):
         p.begin_query()
+    assert fresh.state_dict() == policy.state_dict()
     assert [policy.select() for _ in range(10)] == [fresh.select() for _ in range(10)]
+
+
+def test_sets_and_frozensets_round_trip():
+    from draftwise.serve.state import _encode, _value
+
+    encoded = json.loads(json.dumps(_encode({"pld", "suffix"})))
+    assert _value(encoded, {"x"}, "s") == {"pld", "suffix"}
+    assert _value(json.loads(json.dumps(_encode(frozenset({3, 1})))), frozenset({0}), "s") == frozenset({1, 3})
+    assert "cached" not in json.dumps(_encode([{"a"}]))
+
+
+def _saved_ctx_ucb(tmp_path) -> tuple[Any, dict[str, Any]]:
+    policy = _exercised("ctx-ucb:opening=16", _arms_for("ctx-ucb"))
+    path = tmp_path / "state.json"
+    save_state(path, policy, "ctx-ucb:opening=16")
+    return path, json.loads(path.read_text())
+
+
+def _encoded_array(values: list[float]) -> dict[str, Any]:
+    return {"__ndarray__": values, "dtype": "float64", "shape": [len(values)]}
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda a: a.update(pulls="garbage"), 'ContextualUCBPolicy.pulls is "garbage", expected an array of shape [3]'),
+    (lambda a: a.update(pulls=_encoded_array([1.0, 2.0])), "ContextualUCBPolicy.pulls has shape [2], expected [3]"),
+    (lambda a: a.update(select=5), "ContextualUCBPolicy.select is a method of ContextualUCBPolicy"),
+    (lambda a: a.update(frobnicate=1), "frobnicate is not an attribute of ContextualUCBPolicy; its saved state is "
+                                       "queries, pulls, sums, t, key, stored"),
+    (lambda a: a.pop("sums"), "ContextualUCBPolicy lacks sums"),
+    (lambda a: a.update(t="3"), 'ContextualUCBPolicy.t is "3", expected a number'),
+    (lambda a: a.update(queries=1.5), "ContextualUCBPolicy.queries is 1.5, expected an integer"),
+    (lambda a: a.update(sums=_encoded_array([1.0, float("nan"), 0.0])), "ContextualUCBPolicy.sums holds NaN"),
+    (lambda a: a.update(pulls=_encoded_array([1.0, -4.0, 0.0])), "negative counts"),
+    (lambda a: a.update(key="x"), 'ContextualUCBPolicy.key is "x", expected null or a tuple of 1'),
+    (lambda a: a.update(stored={"__dict__": [[None, {"__tuple__": [1, 2, 3]}]]}),
+     "ContextualUCBPolicy.stored[None][0] is 1, expected an array of shape [3]"),
+    (lambda a: a.update(pulls={"__ndarray__": ["a", "b", "c"], "dtype": "float64", "shape": [3]}),
+     "ContextualUCBPolicy.pulls must hold float64 numbers"),
+])
+def test_a_state_that_parses_but_holds_wrong_values_is_refused_naming_it(tmp_path, edit, words):
+    path, document = _saved_ctx_ucb(tmp_path)
+    edit(document["state"]["attrs"])
+    path.write_text(json.dumps(document))
+    with pytest.raises(DraftwiseError) as caught:
+        read_state(path, "ctx-ucb:opening=16")  # the schema needs no model
+    message = str(caught.value)
+    assert "the learner state is damaged" in message and words in message, message
+    assert "\n" not in message
+
+
+def test_configuration_and_per_query_state_in_a_file_are_ignored_not_loaded(tmp_path):
+    path, document = _saved_ctx_ucb(tmp_path)
+    document["state"]["attrs"].update(beta=99.0, leaders={"__dict__": []}, model_arms=[7], rng=None)
+    path.write_text(json.dumps(document))
+    fresh = make_policy("ctx-ucb:opening=16", _arms_for("ctx-ucb"), np.random.default_rng(0))
+    assert load_state(path, fresh, "ctx-ucb:opening=16")
+    assert fresh.beta == 0.25 and fresh.model_arms == [1] and fresh.rng is not None
+
+
+@pytest.mark.parametrize("spec, edit, words", [
+    ("halving", lambda a: a.update(survivors=[0, 7]), "survivors [0, 7] are not distinct arms of 0..2"),
+    ("swucb:keep=True", lambda a: a.update(history={"__deque__": [{"__tuple__": [9, 1.0]}], "maxlen": None}),
+     "the window names arms outside 0..2"),
+    ("hierarchical:keep=True", lambda a: a["inner"].pop(), "HierarchicalPolicy.inner holds 1 learners, expected 2"),
+    ("hierarchical:keep=True", lambda a: a["outer"].update({"__object__": "os:system"}),
+     "HierarchicalPolicy.outer is a 'os:system', expected draftwise.policies.ucb:UCBPolicy"),
+    ("normalhedge:keep=True", lambda a: a["learner"]["attrs"].update(regrets=[1, 2, 3]),
+     "NormalHedgePolicy.learner.regrets is [1, 2, 3], expected an array of shape [3]"),
+])
+def test_every_learner_checks_its_own_values(tmp_path, spec, edit, words):
+    policy = _exercised(spec, _arms_for(spec))
+    path = tmp_path / "state.json"
+    save_state(path, policy, spec)
+    document = json.loads(path.read_text())
+    edit(document["state"]["attrs"])
+    path.write_text(json.dumps(document))
+    with pytest.raises(DraftwiseError, match="the learner state is damaged") as caught:
+        read_state(path, spec)
+    assert words in str(caught.value), caught.value
 
 
 def test_state_from_another_layout_or_a_damaged_file_is_refused(tmp_path):
@@ -176,10 +273,10 @@ def test_state_from_another_layout_or_a_damaged_file_is_refused(tmp_path):
     assert not load_state(tmp_path / "absent.json", policy, "ucb")
     path.write_text('{"format": "draftwise-learner-state", "version": 1, "st')
     with pytest.raises(DraftwiseError, match=r"not a learner state file \(invalid JSON"):
-        read_state(path)
+        read_state(path, "ucb")
     path.write_text('{"format": "draftwise-learner-state", "version": 99, "state": {}}')
     with pytest.raises(DraftwiseError, match="version 99"):
-        read_state(path)
+        read_state(path, "ucb")
     document = json.loads(json.dumps({"format": "draftwise-learner-state", "version": 1, "policy": "ucb",
                                       "class": "draftwise.policies.ucb:UCBPolicy", "arms": ["a", "b"],
                                       "state": {"__object__": "os:system", "attrs": {}}}))
@@ -188,7 +285,12 @@ def test_state_from_another_layout_or_a_damaged_file_is_refused(tmp_path):
         load_state(path, make_policy("ucb", ["a", "b"], np.random.default_rng(0)), "ucb")
 
 
-def test_serve_refuses_a_damaged_state_file_before_loading(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("edit, words", [
+    (None, "not a learner state file"),
+    (lambda a: a.update(pulls="garbage"), 'ContextualUCBPolicy.pulls is "garbage"'),
+    (lambda a: a.update(select=5), "ContextualUCBPolicy.select is a method"),
+])
+def test_serve_refuses_a_damaged_state_file_before_loading(tmp_path, capsys, monkeypatch, edit, words):
     import draftwise.api
     from draftwise.cli import main
 
@@ -196,11 +298,16 @@ def test_serve_refuses_a_damaged_state_file_before_loading(tmp_path, capsys, mon
         raise AssertionError("the models were loaded before the state file was checked")
 
     monkeypatch.setattr(draftwise.api.Generator, "from_pretrained", no_loading)
-    bad = tmp_path / "state.json"
-    bad.write_text("not json")
-    assert main(["serve", "--state", str(bad), "--port", "0"]) == 2
+    if edit is None:
+        bad = tmp_path / "state.json"
+        bad.write_text("not json")
+    else:
+        bad, document = _saved_ctx_ucb(tmp_path)
+        edit(document["state"]["attrs"])
+        bad.write_text(json.dumps(document))
+    assert main(["serve", "--state", str(bad), "--port", "0", "--policy", "ctx-ucb:opening=16"]) == 2
     err = capsys.readouterr().err
-    assert "not a learner state file" in err and len(err.strip().splitlines()) == 1, err
+    assert words in err and len(err.strip().splitlines()) == 1, err
     assert main(["serve", "--port", "70000"]) == 2
     assert "--port must lie in [0, 65535]" in capsys.readouterr().err
 

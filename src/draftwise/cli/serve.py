@@ -60,17 +60,17 @@ def run(args: argparse.Namespace) -> int:
         from draftwise.serve.state import apply_state, read_state, save_state
     except ModuleNotFoundError as error:
         raise DraftwiseError(f"draftwise serve needs {error.name}: pip install 'draftwise[serve]'") from None
+    policy = args.policy or DEFAULT_POLICY
     saved = None
     if args.state:
         check_output_file(args.state, "--state")
-        saved = read_state(args.state)  # a damaged file is refused before the models load
+        saved = read_state(args.state, policy)  # a damaged file is refused before the models load
     sock = _bind(args.host, args.port)  # before loading: a port in use is a clear error, not a late crash
 
     gen = load_generator(args)
     freeze_loaded_objects()  # full garbage collections would walk the models while requests wait
-    policy = args.policy or DEFAULT_POLICY
     if saved is not None:
-        apply_state(saved, args.state, gen.policy, policy)
+        apply_state(saved, gen.policy)
         logging.getLogger(__name__).info("learner state loaded from %s", args.state)
     arms = [arm.name for arm in gen.arms]
     metrics = ServeMetrics(arms, policy)
