@@ -317,6 +317,10 @@ class FakeTokenizer:
     chat_template = "{{ messages }}"
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        if text.startswith("slow"):  # a tokenizer busy for a while, holding the interpreter
+            end = time.perf_counter() + 1.0
+            while time.perf_counter() < end:
+                pass
         return {"input_ids": [ord(c) for c in text]}
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -352,6 +356,8 @@ class FakeSession:
 
     def step(self):
         time.sleep(self.gen.round_s)
+        if self.gen.broken:
+            raise RuntimeError("the device is gone")
         self.gen.rounds += 1
         events = []
         for h in list(self.active):
@@ -381,6 +387,7 @@ class FakeGenerator:
         self.round_s = round_s
         self.rounds = 0
         self.cancelled = 0
+        self.broken = False
 
     def encode(self, ids):
         return list(ids)
@@ -392,10 +399,11 @@ class FakeGenerator:
 class FakeServer:
     """The app over a fake generator, served by uvicorn on a thread (as the CLI does, without the models)."""
 
-    def __init__(self, round_s: float = 0.02, max_batch: int = 2, queue_size: int = 2) -> None:
+    def __init__(self, round_s: float = 0.02, max_batch: int = 2, queue_size: int = 2,
+                 settings: Any = None) -> None:
         import uvicorn
 
-        from draftwise.serve.app import Service, create_app
+        from draftwise.serve.app import ServeSettings, Service, create_app
         from draftwise.serve.metrics import ServeMetrics
         from draftwise.serve.scheduler import Scheduler
 
@@ -403,7 +411,8 @@ class FakeServer:
         metrics = ServeMetrics(["a", "b", "c"], "ucb")
         self.scheduler = Scheduler(self.gen, max_batch=max_batch, queue_size=queue_size,
                                    on_result=metrics.observe, on_cancel=metrics.cancelled.inc)
-        self.service = Service(self.gen, self.scheduler, metrics, model=MODEL, policy="ucb")
+        self.service = Service(self.gen, self.scheduler, metrics, model=MODEL, policy="ucb",
+                               settings=settings or ServeSettings())
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
@@ -415,15 +424,23 @@ class FakeServer:
                 break
             time.sleep(0.01)
 
-    def post(self, path: str, body: dict[str, Any] | bytes, timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
+    def post(self, path: str, body: dict[str, Any] | bytes, timeout: float = 10,
+             headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data,
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json", **(headers or {})})
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return response.status, dict(response.headers), response.read()
         except urllib.error.HTTPError as error:
             return error.code, dict(error.headers), error.read()
+
+    def get(self, path: str, timeout: float = 10) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -449,7 +466,12 @@ def test_fake_app_answers_streams_and_errors(fake_server):
     assert status == 200 and headers["content-type"].startswith("text/event-stream") and events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "XY>X"
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"]["completion_tokens"] == 4
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and not any("usage" in c for c in chunks)
+    status, _, body = fake_server.post("/v1/completions", {"prompt": "xy", "max_tokens": 4, "stream": True,
+                                                           "stream_options": {"include_usage": True}})
+    chunks = [json.loads(line[len("data: "):]) for line in body.decode().split("\n\n")[:-2] if line]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length" and "usage" not in chunks[-2]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
     status, _, body = fake_server.post("/v1/completions", b"{oops")
     assert status == 400 and json.loads(body)["error"]["code"] == "invalid_json"
     status, _, body = fake_server.post("/v1/completions", {"prompt": "a" * 60, "max_tokens": 10})
@@ -479,7 +501,7 @@ def test_a_client_that_goes_away_stops_its_generation_within_a_round(fake_server
     fake_server.gen.round_s = 0.05
     sock = socket.create_connection(("127.0.0.1", fake_server.port))
     body = json.dumps({"prompt": "abc", "max_tokens": 60, "stream": True}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     received = b""
     while b"data: " not in received:
@@ -523,3 +545,172 @@ def test_the_ticket_delivers_across_threads():
 
     first, second = asyncio.run(go())
     assert first == Tokens([5]) and isinstance(second, Done)
+
+
+# ----------------------------------------------------------------------------- limits, readiness, access
+def test_the_body_limit_refuses_at_once_by_declared_size_and_by_bytes_received():
+    from draftwise.serve.app import ServeSettings
+
+    server = FakeServer(settings=ServeSettings(max_body_bytes=1000))
+    try:
+        status, _, body = server.post("/v1/completions", {"prompt": "a" * 2000})
+        assert status == 413 and json.loads(body)["error"]["code"] == "request_too_large"
+        # declared larger than the limit: answered before a byte of the body is sent
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 20000000\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413")
+        sock.close()
+        # no declared size (chunked): refused once the bytes received pass the limit
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n" + b"400\r\n" + b"x" * 1024 + b"\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413")
+        sock.close()
+        assert server.post("/v1/completions", {"prompt": "ab", "max_tokens": 2})[0] == 200
+    finally:
+        server.stop()
+
+
+def test_tokenizing_runs_off_the_event_loop(fake_server):
+    replies: list[int] = []
+    thread = threading.Thread(target=lambda: replies.append(
+        fake_server.post("/v1/completions", {"prompt": "slow prompt", "max_tokens": 2})[0]))
+    thread.start()
+    time.sleep(0.2)  # the tokenizer is busy for a second
+    start = time.perf_counter()
+    assert fake_server.get("/health")[0] == 200
+    assert time.perf_counter() - start < 0.5
+    thread.join(10)
+    assert replies == [200]
+
+
+def test_health_is_503_while_generation_fails_and_ok_once_it_works_again(fake_server):
+    fake_server.gen.broken = True
+    status, _, body = fake_server.post("/v1/completions", {"prompt": "ab", "max_tokens": 2})
+    assert status == 500 and "the device is gone" in json.loads(body)["error"]["message"]
+    status, body = fake_server.get("/health")
+    assert status == 503 and "generation is failing: RuntimeError: the device is gone" in json.loads(body)["error"]
+    generated = fake_server.service.metrics.generation_tokens._value.get()
+    fake_server.gen.broken = False
+    assert fake_server.get("/health") == (200, b'{"status":"ok"}')  # its own one-token check worked
+    assert fake_server.service.metrics.generation_tokens._value.get() == generated  # the check is no request
+    assert fake_server.post("/v1/completions", {"prompt": "ab", "max_tokens": 2})[0] == 200
+
+
+def test_usage_counts_the_tokens_of_the_text_returned():
+    from draftwise.serve.protocol import completion_tokens
+
+    def decode(ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+    ids = [ord(c) for c in "def f(x): return x"]
+    assert completion_tokens(ids, "def f", decode) == 5
+    assert completion_tokens(ids, "", decode) == 0
+    assert completion_tokens(ids, "def f(x): return x", decode) == len(ids)
+    pairs = [ord("a"), 0x100, ord("b")]  # a token whose text holds the stop's start is part of the text
+
+    def decode_pairs(ids: list[int]) -> str:
+        return "".join("(c" if i == 0x100 else chr(i) for i in ids)
+
+    assert completion_tokens(pairs, "a(", decode_pairs) == 2
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"prompt": "hi", "stream_options": {"include_usage": True}}, "only allowed when stream is true"),
+    ({"prompt": "hi", "stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options must be"),
+    ({"prompt": "hi", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+     "continuous_usage_stats is not supported"),
+])
+def test_stream_options_are_checked(body, words):
+    error = _error(parse_completion, body, MODEL)
+    assert error.param == "stream_options" and words in error.message, error.message
+
+
+def test_a_post_body_must_be_declared_json(fake_server):
+    from draftwise.serve.protocol import check_content_type
+
+    check_content_type("application/json; charset=utf-8")
+    for value in (None, "text/plain", "application/x-www-form-urlencoded"):
+        assert _error(check_content_type, value).status == 415
+    status, _, body = fake_server.post("/v1/completions", {"prompt": "ab"}, headers={"Content-Type": "text/plain"})
+    assert status == 415 and "Content-Type: application/json" in json.loads(body)["error"]["message"]
+
+
+@pytest.mark.parametrize("host, bound, allowed, ok", [
+    ("localhost:8000", "127.0.0.1", (), True),
+    ("127.0.0.1:8000", "127.0.0.1", (), True),
+    ("[::1]:8000", "127.0.0.1", (), True),
+    ("app.localhost", "127.0.0.1", (), True),
+    ("attacker.example", "127.0.0.1", (), False),
+    ("attacker.example:8000", "127.0.0.1", ("attacker.example",), True),
+    ("anything.example", "127.0.0.1", ("*",), True),
+    ("10.0.0.5:8000", "127.0.0.1", (), False),
+    ("10.0.0.5:8000", "0.0.0.0", (), True),
+    ("10.0.0.5:8000", "10.0.0.5", (), True),
+    ("my-box.lan", "0.0.0.0", (), False),
+    ("", "127.0.0.1", (), False),
+])
+def test_host_headers_accepted_by_default_and_by_option(host, bound, allowed, ok):
+    from draftwise.serve.security import Access, host_allowed, host_name
+
+    assert host_allowed(host_name(host), Access(bound_host=bound, allowed_hosts=allowed)) is ok
+
+
+def test_origins_and_bearer_tokens():
+    from draftwise.serve.security import Access, bearer_matches, origin_allowed
+
+    assert origin_allowed("http://127.0.0.1:8000", Access())
+    assert not origin_allowed("https://evil.example", Access())
+    assert not origin_allowed("null", Access())
+    assert origin_allowed("https://app.example", Access(cors_origins=("https://app.example",)))
+    assert bearer_matches("Bearer s3cret", "s3cret") and bearer_matches("bearer  s3cret ", "s3cret")
+    assert not bearer_matches("Bearer s3cre", "s3cret") and not bearer_matches(None, "s3cret")
+    assert not bearer_matches("Basic s3cret", "s3cret")
+
+
+def test_the_guard_answers_foreign_hosts_origins_and_missing_keys():
+    from draftwise.serve.app import ServeSettings
+    from draftwise.serve.security import Access
+
+    server = FakeServer(settings=ServeSettings(access=Access(api_key="k3y")))
+    try:
+        def call(method: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+            data = json.dumps({"prompt": "ab", "max_tokens": 2}).encode() if method == "POST" else None
+            request = urllib.request.Request(f"http://127.0.0.1:{server.port}{path}", data=data, method=method,
+                                             headers={"Content-Type": "application/json", **headers})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    return response.status, json.loads(response.read())
+            except urllib.error.HTTPError as error:
+                return error.code, json.loads(error.read())
+
+        key = {"Authorization": "Bearer k3y"}
+        status, body = call("POST", "/v1/completions", {**key, "Host": "attacker.example"})
+        assert status == 400 and body["error"]["code"] == "invalid_host"
+        status, body = call("POST", "/v1/completions", {**key, "Origin": "https://evil.example"})
+        assert status == 403 and "--cors-origin https://evil.example" in body["error"]["message"]
+        for path in ("/v1/completions", "/v1/models", "/v1/learner"):
+            status, body = call("POST" if path == "/v1/completions" else "GET", path, {})
+            assert status == 401 and body["error"]["code"] == "invalid_api_key", (path, body)
+        assert call("GET", "/v1/models", {"Authorization": "Bearer nope"})[0] == 401
+        assert call("POST", "/v1/completions", key)[0] == 200
+        assert call("GET", "/health", {})[0] == 200 and server.get("/metrics")[0] == 200
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--api-key", ""], "--api-key must be a non-empty key without spaces"),
+    (["--api-key", "two words"], "--api-key must be a non-empty key without spaces"),
+    (["--cors-origin", "evil.example"], "--cors-origin 'evil.example' is not an origin"),
+    (["--max-body-mb", "0"], "--max-body-mb must be > 0"),
+])
+def test_serve_refuses_access_options_that_cannot_work_before_loading(monkeypatch, capsys, argv, words):
+    import draftwise.api
+    from draftwise.cli import main
+
+    monkeypatch.setattr(draftwise.api.Generator, "from_pretrained", lambda *a, **k: pytest.fail("models loaded"))
+    assert main(["serve", "--port", "0", *argv]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1, err

@@ -102,7 +102,8 @@ def load_generator(args: argparse.Namespace) -> Any:
     drafters = args.drafter if args.drafter is not None else (list(DEFAULT_POOL) if target == DEFAULT_TARGET else [])
     return Generator.from_pretrained(
         target, drafters, policy=args.policy or DEFAULT_POLICY, draft_len=args.draft_len,
-        device=args.device, dtype=args.dtype, seed=args.seed, chat=args.chat, arms=args.arms,
+        device=args.device, dtype=args.dtype, seed=0 if args.seed is None else args.seed, chat=args.chat,
+        arms=args.arms,
         max_draft=args.max_draft, stops=args.stops.split(",") if args.stops else None, arm_drafter=args.arm_drafter,
         drafter_head_dtype=args.drafter_head_dtype, sampling=args.sampling,
     )
