@@ -1,12 +1,16 @@
 """``draftwise serve`` as a real process on 127.0.0.1 with the embedded zoo, driven by the official ``openai``
-client: greedy text equals ``Generator.generate``'s, streamed or not; usage; 50 concurrent clients; a client
-that disconnects; every bad request; ``/metrics`` against the responses; the live page; SIGTERM and --state.
+client: greedy text equals ``Generator.generate``'s, streamed or not; usage (stop strings cut); 50 concurrent
+clients; a client that disconnects; every bad request; vanishing temperatures; the body limit, /health during a
+large request and the memory after it; Host, Origin and Content-Type; seeds; ``/metrics`` against the
+responses; the live page; SIGTERM and --state. A second process checks the API key, a fixed --seed and
+/health while generation fails.
 
 One server process for the module (its tests run in file order: the last one stops it)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -40,14 +44,17 @@ def _free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, tmp: Path, *extra: str) -> None:
+    broken: Path  # the launcher's switch: rounds fail while this file exists
+
+    def __init__(self, tmp: Path, *extra: str, env: dict[str, str] | None = None, api_key: str = "none",
+                 launcher: list[str] | None = None) -> None:
         self.port = _free_port()
         self.state = tmp / "learner.json"
         self.log = open(tmp / f"server-{self.port}.log", "w+b")  # noqa: SIM115 (closed in stop)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "draftwise.cli", "serve", "--port", str(self.port), "--threads", "1",
-             "--state", str(self.state), "--max-batch", "16", "--queue-size", "64", *extra],
+            [sys.executable, *(launcher or ["-m", "draftwise.cli"]), "serve", "--port", str(self.port), "--threads",
+             "1", "--state", str(self.state), "--max-batch", "16", "--queue-size", "64", *extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.time() + STARTUP_S
@@ -62,24 +69,35 @@ class ServerProcess:
         else:
             self.stop()
             raise RuntimeError(f"the server did not answer /health within {STARTUP_S} s:\n{self.output()}")
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=120)
 
     def output(self) -> str:
         self.log.flush()
         self.log.seek(0)
         return self.log.read().decode(errors="replace")
 
-    def get(self, path: str) -> tuple[int, bytes]:
-        with urllib.request.urlopen(self.url + path, timeout=30) as response:
-            return response.status, response.read()
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        request = urllib.request.Request(self.url + path, headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
 
-    def post(self, path: str, data: bytes) -> tuple[int, dict[str, Any]]:
-        request = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+    def post(self, path: str, data: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+        request = urllib.request.Request(self.url + path, data=data,
+                                         headers={"Content-Type": "application/json", **(headers or {})})
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as error:
             return error.code, json.loads(error.read())
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         text = self.get("/metrics")[1].decode()
@@ -139,12 +157,13 @@ def test_chat_greedy_streamed_equals_non_streamed_equals_generate(server, gen):
     assert sum(spec["pulls"].values()) == spec["rounds"] and spec["mat"] > 1.0
 
     chunks = list(server.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24,
-                                                        temperature=0, stream=True))
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == reference.text
-    last = chunks[-1]
-    assert last.choices[0].finish_reason == reply.choices[0].finish_reason
-    assert last.usage.completion_tokens == len(reference.token_ids)
-    assert last.model_extra["speculative"]["rounds"] >= 1
+                                                        temperature=0, stream=True,
+                                                        stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == reference.text
+    finish, last = chunks[-2], chunks[-1]
+    assert finish.choices[0].finish_reason == reply.choices[0].finish_reason
+    assert finish.model_extra["speculative"]["rounds"] >= 1
+    assert last.choices == [] and last.usage.completion_tokens == len(reference.token_ids)
 
 
 def test_completion_greedy_streamed_equals_non_streamed_equals_generate(server, gen):
@@ -155,9 +174,13 @@ def test_completion_greedy_streamed_equals_non_streamed_equals_generate(server, 
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(_ids(gen, prompt)),
                                                                          len(reference.token_ids))
     chunks = list(server.client.completions.create(model=MODEL, prompt=prompt, max_tokens=20, temperature=0,
-                                                   stream=True))
-    assert "".join(c.choices[0].text for c in chunks) == reference.text
+                                                   stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == reference.text
     assert chunks[-1].usage.total_tokens == reply.usage.total_tokens
+    plain = list(server.client.completions.create(model=MODEL, prompt=prompt, max_tokens=20, temperature=0,
+                                                  stream=True))
+    assert all(c.choices and c.usage is None for c in plain)  # no include_usage: no usage
+    assert "".join(c.choices[0].text for c in plain) == reference.text
 
 
 # ----------------------------------------------------------------------------- concurrency
@@ -276,6 +299,183 @@ def test_live_page_and_the_json_it_polls(server, tmp_path):
     assert shot.exists() and shot.stat().st_size > 5000  # a rendered table, not a blank page
 
 
+# ----------------------------------------------------------------------------- sampling settings
+VANISHING = [1e-300, 1e-45, 1e-30, math.ulp(0.0)]  # float32's smallest subnormal, the smallest double
+
+
+@pytest.mark.parametrize("value", VANISHING)
+def test_a_vanishing_temperature_or_top_p_answers_the_greedy_text(server, gen, value):
+    prompt = "def square(x):"
+    greedy = gen.generate(_ids(gen, prompt), max_new_tokens=8).text
+    assert greedy.strip()
+    for options in ({"temperature": value}, {"temperature": 0.7, "top_p": value}):
+        reply = server.client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, **options)
+        assert reply.choices[0].text == greedy, options
+
+
+def test_usage_counts_the_returned_text_cut_at_the_stop_string_the_same_every_time(server, gen):
+    prompt = "def square(x):"
+    reference = gen.generate(_ids(gen, prompt), max_new_tokens=40, stop=["("])
+    text = reference.text[: reference.text.index("(")]
+    ids = reference.token_ids
+    tokens = next(k for k in range(len(ids) + 1)
+                  if gen.tokenizer.decode(ids[:k], skip_special_tokens=True).startswith(text))
+    assert tokens < len(reference.token_ids)  # the token that completed the stop string is not counted
+    counts = set()
+    for _ in range(4):
+        reply = server.client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0, stop="(")
+        assert reply.choices[0].text == text and reply.choices[0].finish_reason == "stop"
+        counts.add(reply.usage.completion_tokens)
+    chunks = list(server.client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0,
+                                                   stop="(", stream=True, stream_options={"include_usage": True}))
+    counts.add(chunks[-1].usage.completion_tokens)
+    assert counts == {tokens}
+
+
+def test_requests_without_a_seed_draw_a_fresh_one_and_return_it(server):
+    def ask(**options: Any) -> tuple[str, int]:
+        reply = server.client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=16,
+                                                 temperature=1.0, **options)
+        return reply.choices[0].text, reply.model_extra["seed"]
+
+    draws = [ask() for _ in range(3)]
+    assert len({seed for _, seed in draws}) == 3 and all(0 <= seed < 2**53 for _, seed in draws)
+    assert len({text for text, _ in draws}) > 1
+    text, seed = draws[0]
+    assert ask(seed=seed) == (text, seed)  # the returned seed gives the text again
+
+
+# ----------------------------------------------------------------------------- large bodies
+def test_a_body_over_the_limit_is_refused_at_once(server):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        start = time.perf_counter()
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 20000000\r\n\r\n".encode())
+        head = sock.recv(4096)
+        assert head.startswith(b"HTTP/1.1 413") and time.perf_counter() - start < 2, head
+    with pytest.raises(openai.APIStatusError) as caught:
+        server.client.completions.create(model=MODEL, prompt="x " * 3_000_000, max_tokens=2)
+    assert caught.value.status_code == 413 and "over this server's limit of 4194304 bytes" in str(caught.value)
+
+
+def test_health_answers_while_a_large_prompt_is_tokenized_and_the_memory_comes_back(server):
+    before = server.rss_mb()
+    outcome: list[tuple[int, dict[str, Any]]] = []
+    prompt = "def f(x):\n    return x\n" * 150_000  # 3.6 MB: about 1.4 million tokens to find it too long
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 4}).encode()
+    thread = threading.Thread(target=lambda: outcome.append(server.post("/v1/completions", body)))
+    thread.start()
+    latencies = []
+    while thread.is_alive():
+        start = time.perf_counter()
+        assert server.get("/health")[0] == 200
+        latencies.append(time.perf_counter() - start)
+        time.sleep(0.05)
+    thread.join()
+    status, reply = outcome[0]
+    assert status == 400 and reply["error"]["code"] == "context_length_exceeded"
+    assert len(latencies) >= 5 and max(latencies) < 1.0, latencies
+    deadline = time.time() + 10
+    while server.rss_mb() > before + 150 and time.time() < deadline:
+        time.sleep(0.2)
+    assert server.rss_mb() < before + 150, (before, server.rss_mb())
+
+
+# ----------------------------------------------------------------------------- hosts, origins, content types
+def test_foreign_hosts_and_pages_of_other_sites_are_refused(server):
+    data = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 2}).encode()
+    status, body = server.post("/v1/completions", data, headers={"Host": "attacker.example"})
+    assert status == 400 and body["error"]["code"] == "invalid_host", body
+    status, body = server.post("/v1/completions", data, headers={"Content-Type": "text/plain",
+                                                                 "Origin": "https://attacker.example"})
+    assert status == 403 and body["error"]["code"] == "origin_not_allowed", body
+    status, body = server.post("/v1/completions", data, headers={"Content-Type": "text/plain"})
+    assert status == 415 and "application/json" in body["error"]["message"], body
+    status, _ = server.get("/v1/models", headers={"Origin": "https://attacker.example"})
+    assert status == 403
+    status, _ = server.post("/v1/completions", data, headers={"Host": f"localhost:{server.port}",
+                                                              "Origin": f"http://localhost:{server.port}"})
+    assert status == 200
+    preflight = urllib.request.Request(server.url + "/v1/completions", method="OPTIONS", headers={
+        "Origin": f"http://localhost:{server.port}", "Access-Control-Request-Method": "POST"})
+    try:
+        urllib.request.urlopen(preflight, timeout=10)
+    except urllib.error.HTTPError as error:
+        assert "access-control-allow-origin" not in {k.lower() for k in error.headers}  # CORS is off
+
+
+# ----------------------------------------------------------------------------- an API key, a fixed seed, readiness
+LAUNCHER = '''
+"""draftwise serve whose rounds fail while the file named by $DRAFTWISE_BREAK exists."""
+import os
+import sys
+from pathlib import Path
+
+import draftwise.session
+from draftwise.cli import main
+
+switch = Path(os.environ["DRAFTWISE_BREAK"])
+step = draftwise.session.BatchSession.step
+
+
+def breakable(self):
+    if switch.exists():
+        raise RuntimeError("the device is gone")
+    return step(self)
+
+
+draftwise.session.BatchSession.step = breakable
+sys.exit(main(sys.argv[1:]))
+'''
+KEY = "k3y-for-tests"
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("keyed")
+    launcher = tmp / "breakable_serve.py"
+    launcher.write_text(LAUNCHER)
+    process = ServerProcess(tmp, "--seed", "7", launcher=[str(launcher)], api_key=KEY,
+                            env={"DRAFTWISE_API_KEY": KEY, "DRAFTWISE_BREAK": str(tmp / "broken")})
+    process.broken = tmp / "broken"
+    yield process
+    process.stop()
+
+
+def test_with_an_api_key_every_v1_route_needs_it_and_health_and_metrics_do_not(keyed):
+    anonymous = openai.OpenAI(base_url=keyed.url + "/v1", api_key="wrong", max_retries=0, timeout=60)
+    with pytest.raises(openai.AuthenticationError):
+        anonymous.completions.create(model=MODEL, prompt="hello", max_tokens=2)
+    with pytest.raises(openai.AuthenticationError):
+        anonymous.models.list()
+    for path in ("/v1/models", "/v1/learner"):
+        status, body = keyed.get(path)
+        assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+    assert keyed.get("/health")[0] == 200 and keyed.get("/metrics")[0] == 200
+    assert [m.id for m in keyed.client.models.list().data] == [MODEL]
+    assert keyed.get("/v1/learner", headers={"Authorization": f"Bearer {KEY}"})[0] == 200
+
+
+def test_a_fixed_seed_gives_requests_without_one_the_same_draw(keyed):
+    replies = [keyed.client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=1.0)
+               for _ in range(2)]
+    assert [r.model_extra["seed"] for r in replies] == [7, 7]
+    assert replies[0].choices[0].text == replies[1].choices[0].text
+
+
+def test_health_turns_503_while_generation_fails_and_ok_once_it_works(keyed):
+    keyed.broken.touch()
+    try:
+        with pytest.raises(openai.InternalServerError):
+            keyed.client.completions.create(model=MODEL, prompt="hello", max_tokens=4, temperature=0)
+        status, body = keyed.get("/health")
+        assert status == 503 and "the device is gone" in json.loads(body)["error"], body
+    finally:
+        keyed.broken.unlink()
+    assert keyed.get("/health") == (200, b'{"status":"ok"}')
+    assert keyed.client.completions.create(model=MODEL, prompt="hello", max_tokens=4, temperature=0).choices
+
+
 # ----------------------------------------------------------------------------- shutdown and restart (last)
 def test_sigterm_finishes_the_request_in_flight_then_the_state_survives_a_restart(server, tmp_path):
     outcome: dict[str, Any] = {}
@@ -312,14 +512,16 @@ def test_sigterm_finishes_the_request_in_flight_then_the_state_survives_a_restar
 
 
 def _state_after_last_query(path: Path) -> dict[str, Any]:
-    """The learner's state_dict as saved: what a fresh ctx-ucb shows once the file is loaded."""
+    """The learner's state_dict as saved: what a fresh ctx-ucb watching the server's lookups shows once the
+    file is loaded."""
     import numpy as np
 
     from draftwise.policies import make_policy
+    from draftwise.policies.contextual import contextual_spec
     from draftwise.serve.metrics import _finite_tree
     from draftwise.serve.state import load_state
 
     saved = json.loads(path.read_text())
-    policy = make_policy(saved["policy"], saved["arms"], np.random.default_rng(0))
+    policy = make_policy(contextual_spec(saved["policy"], ["suffix", "pld"]), saved["arms"], np.random.default_rng(0))
     assert load_state(path, policy, saved["policy"])
     return _finite_tree(json.loads(json.dumps(policy.state_dict())))

@@ -137,11 +137,8 @@ def _record(arm: int, accepted: int, index: int = 0) -> RoundRecord:
                        draft_s=0.001, verify_s=0.002)
 
 
-@pytest.mark.parametrize("spec", ["ctx-ucb", "ucb:keep=True", "exp3:keep=True", "ts-beta:keep=True",
-                                  "ucb-tuned:keep=True", "swucb:keep=True", "hierarchical:keep=True",
-                                  "normalhedge:keep=True"])
-def test_learner_state_round_trips_through_json(tmp_path, spec):
-    arms = ["pld@8", "auto@4", "none"] if spec.startswith("ctx") else ["a+static", "a+svip", "b+static"]
+def _exercised(spec: str, arms: list[str]) -> Any:
+    """A learner after three queries of feedback (contexts, bandit or full-information)."""
     policy = make_policy(spec, arms, np.random.default_rng(0))
     for q in range(3):
         policy.begin_query()
@@ -152,17 +149,117 @@ def test_learner_state_round_trips_through_json(tmp_path, spec):
                 policy.observe_losses([((a + q + i) % 5) / 5 for a in range(len(arms))])
             else:
                 policy.update(arm, _record(arm, (arm + q + i) % 5, i))
-    path = tmp_path / "state.json"
-    save_state(path, policy, spec)
-    json.loads(path.read_text())  # plain JSON (no pickle)
+    return policy
+
+
+def _arms_for(spec: str) -> list[str]:
+    return ["pld@8", "auto@4", "none"] if spec.startswith("ctx") else ["a+static", "a+svip", "b+static"]
+
+
+def _every_policy() -> list[str]:
+    from draftwise.policies import POLICIES, policy_options
+
+    return [f"{name}:keep=True" if "keep" in policy_options(name) else name for name in sorted(POLICIES)]
+
+
+@pytest.mark.parametrize("spec", ["ctx-ucb", "ctx-ucb:opening=16", *_every_policy()])
+def test_every_learner_state_round_trips_through_json(tmp_path, spec, caplog):
+    arms = _arms_for(spec)
+    policy = _exercised(spec, arms)
+    path, again = tmp_path / "state.json", tmp_path / "again.json"
+    with caplog.at_level("WARNING"):
+        save_state(path, policy, spec)
+    assert not caplog.records  # nothing left out (sets and caches included)
+    saved = json.loads(path.read_text())  # plain JSON (no pickle)
     fresh = make_policy(spec, arms, np.random.default_rng(0))
     assert load_state(path, fresh, spec)
-    assert fresh.state_dict() == policy.state_dict()
-    # both choose alike from here on (same generator state)
+    save_state(again, fresh, spec)
+    assert json.loads(again.read_text()) == saved
+    # both choose alike from the next query on (same generator state)
     policy.rng, fresh.rng = np.random.default_rng(5), np.random.default_rng(5)
     for p in (policy, fresh):
         p.begin_query()
+    assert fresh.state_dict() == policy.state_dict()
     assert [policy.select() for _ in range(10)] == [fresh.select() for _ in range(10)]
+
+
+def test_sets_and_frozensets_round_trip():
+    from draftwise.serve.state import _encode, _value
+
+    encoded = json.loads(json.dumps(_encode({"pld", "suffix"})))
+    assert _value(encoded, {"x"}, "s") == {"pld", "suffix"}
+    assert _value(json.loads(json.dumps(_encode(frozenset({3, 1})))), frozenset({0}), "s") == frozenset({1, 3})
+    assert "cached" not in json.dumps(_encode([{"a"}]))
+
+
+def _saved_ctx_ucb(tmp_path) -> tuple[Any, dict[str, Any]]:
+    policy = _exercised("ctx-ucb:opening=16", _arms_for("ctx-ucb"))
+    path = tmp_path / "state.json"
+    save_state(path, policy, "ctx-ucb:opening=16")
+    return path, json.loads(path.read_text())
+
+
+def _encoded_array(values: list[float]) -> dict[str, Any]:
+    return {"__ndarray__": values, "dtype": "float64", "shape": [len(values)]}
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda a: a.update(pulls="garbage"), 'ContextualUCBPolicy.pulls is "garbage", expected an array of shape [3]'),
+    (lambda a: a.update(pulls=_encoded_array([1.0, 2.0])), "ContextualUCBPolicy.pulls has shape [2], expected [3]"),
+    (lambda a: a.update(select=5), "ContextualUCBPolicy.select is a method of ContextualUCBPolicy"),
+    (lambda a: a.update(frobnicate=1), "frobnicate is not an attribute of ContextualUCBPolicy; its saved state is "
+                                       "queries, pulls, sums, t, key, stored"),
+    (lambda a: a.pop("sums"), "ContextualUCBPolicy lacks sums"),
+    (lambda a: a.update(t="3"), 'ContextualUCBPolicy.t is "3", expected a number'),
+    (lambda a: a.update(queries=1.5), "ContextualUCBPolicy.queries is 1.5, expected an integer"),
+    (lambda a: a.update(sums=_encoded_array([1.0, float("nan"), 0.0])), "ContextualUCBPolicy.sums holds NaN"),
+    (lambda a: a.update(pulls=_encoded_array([1.0, -4.0, 0.0])), "negative counts"),
+    (lambda a: a.update(key="x"), 'ContextualUCBPolicy.key is "x", expected null or a tuple of 1'),
+    (lambda a: a.update(stored={"__dict__": [[None, {"__tuple__": [1, 2, 3]}]]}),
+     "ContextualUCBPolicy.stored[None][0] is 1, expected an array of shape [3]"),
+    (lambda a: a.update(pulls={"__ndarray__": ["a", "b", "c"], "dtype": "float64", "shape": [3]}),
+     "ContextualUCBPolicy.pulls must hold float64 numbers"),
+])
+def test_a_state_that_parses_but_holds_wrong_values_is_refused_naming_it(tmp_path, edit, words):
+    path, document = _saved_ctx_ucb(tmp_path)
+    edit(document["state"]["attrs"])
+    path.write_text(json.dumps(document))
+    with pytest.raises(DraftwiseError) as caught:
+        read_state(path, "ctx-ucb:opening=16")  # the schema needs no model
+    message = str(caught.value)
+    assert "the learner state is damaged" in message and words in message, message
+    assert "\n" not in message
+
+
+def test_configuration_and_per_query_state_in_a_file_are_ignored_not_loaded(tmp_path):
+    path, document = _saved_ctx_ucb(tmp_path)
+    document["state"]["attrs"].update(beta=99.0, leaders={"__dict__": []}, model_arms=[7], rng=None)
+    path.write_text(json.dumps(document))
+    fresh = make_policy("ctx-ucb:opening=16", _arms_for("ctx-ucb"), np.random.default_rng(0))
+    assert load_state(path, fresh, "ctx-ucb:opening=16")
+    assert fresh.beta == 0.25 and fresh.model_arms == [1] and fresh.rng is not None
+
+
+@pytest.mark.parametrize("spec, edit, words", [
+    ("halving", lambda a: a.update(survivors=[0, 7]), "survivors [0, 7] are not distinct arms of 0..2"),
+    ("swucb:keep=True", lambda a: a.update(history={"__deque__": [{"__tuple__": [9, 1.0]}], "maxlen": None}),
+     "the window names arms outside 0..2"),
+    ("hierarchical:keep=True", lambda a: a["inner"].pop(), "HierarchicalPolicy.inner holds 1 learners, expected 2"),
+    ("hierarchical:keep=True", lambda a: a["outer"].update({"__object__": "os:system"}),
+     "HierarchicalPolicy.outer is a 'os:system', expected draftwise.policies.ucb:UCBPolicy"),
+    ("normalhedge:keep=True", lambda a: a["learner"]["attrs"].update(regrets=[1, 2, 3]),
+     "NormalHedgePolicy.learner.regrets is [1, 2, 3], expected an array of shape [3]"),
+])
+def test_every_learner_checks_its_own_values(tmp_path, spec, edit, words):
+    policy = _exercised(spec, _arms_for(spec))
+    path = tmp_path / "state.json"
+    save_state(path, policy, spec)
+    document = json.loads(path.read_text())
+    edit(document["state"]["attrs"])
+    path.write_text(json.dumps(document))
+    with pytest.raises(DraftwiseError, match="the learner state is damaged") as caught:
+        read_state(path, spec)
+    assert words in str(caught.value), caught.value
 
 
 def test_state_from_another_layout_or_a_damaged_file_is_refused(tmp_path):
@@ -176,10 +273,10 @@ def test_state_from_another_layout_or_a_damaged_file_is_refused(tmp_path):
     assert not load_state(tmp_path / "absent.json", policy, "ucb")
     path.write_text('{"format": "draftwise-learner-state", "version": 1, "st')
     with pytest.raises(DraftwiseError, match=r"not a learner state file \(invalid JSON"):
-        read_state(path)
+        read_state(path, "ucb")
     path.write_text('{"format": "draftwise-learner-state", "version": 99, "state": {}}')
     with pytest.raises(DraftwiseError, match="version 99"):
-        read_state(path)
+        read_state(path, "ucb")
     document = json.loads(json.dumps({"format": "draftwise-learner-state", "version": 1, "policy": "ucb",
                                       "class": "draftwise.policies.ucb:UCBPolicy", "arms": ["a", "b"],
                                       "state": {"__object__": "os:system", "attrs": {}}}))
@@ -188,7 +285,12 @@ def test_state_from_another_layout_or_a_damaged_file_is_refused(tmp_path):
         load_state(path, make_policy("ucb", ["a", "b"], np.random.default_rng(0)), "ucb")
 
 
-def test_serve_refuses_a_damaged_state_file_before_loading(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("edit, words", [
+    (None, "not a learner state file"),
+    (lambda a: a.update(pulls="garbage"), 'ContextualUCBPolicy.pulls is "garbage"'),
+    (lambda a: a.update(select=5), "ContextualUCBPolicy.select is a method"),
+])
+def test_serve_refuses_a_damaged_state_file_before_loading(tmp_path, capsys, monkeypatch, edit, words):
     import draftwise.api
     from draftwise.cli import main
 
@@ -196,11 +298,16 @@ def test_serve_refuses_a_damaged_state_file_before_loading(tmp_path, capsys, mon
         raise AssertionError("the models were loaded before the state file was checked")
 
     monkeypatch.setattr(draftwise.api.Generator, "from_pretrained", no_loading)
-    bad = tmp_path / "state.json"
-    bad.write_text("not json")
-    assert main(["serve", "--state", str(bad), "--port", "0"]) == 2
+    if edit is None:
+        bad = tmp_path / "state.json"
+        bad.write_text("not json")
+    else:
+        bad, document = _saved_ctx_ucb(tmp_path)
+        edit(document["state"]["attrs"])
+        bad.write_text(json.dumps(document))
+    assert main(["serve", "--state", str(bad), "--port", "0", "--policy", "ctx-ucb:opening=16"]) == 2
     err = capsys.readouterr().err
-    assert "not a learner state file" in err and len(err.strip().splitlines()) == 1, err
+    assert words in err and len(err.strip().splitlines()) == 1, err
     assert main(["serve", "--port", "70000"]) == 2
     assert "--port must lie in [0, 65535]" in capsys.readouterr().err
 
@@ -210,6 +317,10 @@ class FakeTokenizer:
     chat_template = "{{ messages }}"
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        if text.startswith("slow"):  # a tokenizer busy for a while, holding the interpreter
+            end = time.perf_counter() + 1.0
+            while time.perf_counter() < end:
+                pass
         return {"input_ids": [ord(c) for c in text]}
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -245,6 +356,8 @@ class FakeSession:
 
     def step(self):
         time.sleep(self.gen.round_s)
+        if self.gen.broken:
+            raise RuntimeError("the device is gone")
         self.gen.rounds += 1
         events = []
         for h in list(self.active):
@@ -274,6 +387,7 @@ class FakeGenerator:
         self.round_s = round_s
         self.rounds = 0
         self.cancelled = 0
+        self.broken = False
 
     def encode(self, ids):
         return list(ids)
@@ -285,10 +399,11 @@ class FakeGenerator:
 class FakeServer:
     """The app over a fake generator, served by uvicorn on a thread (as the CLI does, without the models)."""
 
-    def __init__(self, round_s: float = 0.02, max_batch: int = 2, queue_size: int = 2) -> None:
+    def __init__(self, round_s: float = 0.02, max_batch: int = 2, queue_size: int = 2,
+                 settings: Any = None) -> None:
         import uvicorn
 
-        from draftwise.serve.app import Service, create_app
+        from draftwise.serve.app import ServeSettings, Service, create_app
         from draftwise.serve.metrics import ServeMetrics
         from draftwise.serve.scheduler import Scheduler
 
@@ -296,7 +411,8 @@ class FakeServer:
         metrics = ServeMetrics(["a", "b", "c"], "ucb")
         self.scheduler = Scheduler(self.gen, max_batch=max_batch, queue_size=queue_size,
                                    on_result=metrics.observe, on_cancel=metrics.cancelled.inc)
-        self.service = Service(self.gen, self.scheduler, metrics, model=MODEL, policy="ucb")
+        self.service = Service(self.gen, self.scheduler, metrics, model=MODEL, policy="ucb",
+                               settings=settings or ServeSettings())
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
@@ -308,15 +424,23 @@ class FakeServer:
                 break
             time.sleep(0.01)
 
-    def post(self, path: str, body: dict[str, Any] | bytes, timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
+    def post(self, path: str, body: dict[str, Any] | bytes, timeout: float = 10,
+             headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data,
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json", **(headers or {})})
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return response.status, dict(response.headers), response.read()
         except urllib.error.HTTPError as error:
             return error.code, dict(error.headers), error.read()
+
+    def get(self, path: str, timeout: float = 10) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -342,7 +466,12 @@ def test_fake_app_answers_streams_and_errors(fake_server):
     assert status == 200 and headers["content-type"].startswith("text/event-stream") and events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "XY>X"
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"]["completion_tokens"] == 4
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and not any("usage" in c for c in chunks)
+    status, _, body = fake_server.post("/v1/completions", {"prompt": "xy", "max_tokens": 4, "stream": True,
+                                                           "stream_options": {"include_usage": True}})
+    chunks = [json.loads(line[len("data: "):]) for line in body.decode().split("\n\n")[:-2] if line]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length" and "usage" not in chunks[-2]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
     status, _, body = fake_server.post("/v1/completions", b"{oops")
     assert status == 400 and json.loads(body)["error"]["code"] == "invalid_json"
     status, _, body = fake_server.post("/v1/completions", {"prompt": "a" * 60, "max_tokens": 10})
@@ -372,7 +501,7 @@ def test_a_client_that_goes_away_stops_its_generation_within_a_round(fake_server
     fake_server.gen.round_s = 0.05
     sock = socket.create_connection(("127.0.0.1", fake_server.port))
     body = json.dumps({"prompt": "abc", "max_tokens": 60, "stream": True}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     received = b""
     while b"data: " not in received:
@@ -416,3 +545,172 @@ def test_the_ticket_delivers_across_threads():
 
     first, second = asyncio.run(go())
     assert first == Tokens([5]) and isinstance(second, Done)
+
+
+# ----------------------------------------------------------------------------- limits, readiness, access
+def test_the_body_limit_refuses_at_once_by_declared_size_and_by_bytes_received():
+    from draftwise.serve.app import ServeSettings
+
+    server = FakeServer(settings=ServeSettings(max_body_bytes=1000))
+    try:
+        status, _, body = server.post("/v1/completions", {"prompt": "a" * 2000})
+        assert status == 413 and json.loads(body)["error"]["code"] == "request_too_large"
+        # declared larger than the limit: answered before a byte of the body is sent
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 20000000\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413")
+        sock.close()
+        # no declared size (chunked): refused once the bytes received pass the limit
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n" + b"400\r\n" + b"x" * 1024 + b"\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413")
+        sock.close()
+        assert server.post("/v1/completions", {"prompt": "ab", "max_tokens": 2})[0] == 200
+    finally:
+        server.stop()
+
+
+def test_tokenizing_runs_off_the_event_loop(fake_server):
+    replies: list[int] = []
+    thread = threading.Thread(target=lambda: replies.append(
+        fake_server.post("/v1/completions", {"prompt": "slow prompt", "max_tokens": 2})[0]))
+    thread.start()
+    time.sleep(0.2)  # the tokenizer is busy for a second
+    start = time.perf_counter()
+    assert fake_server.get("/health")[0] == 200
+    assert time.perf_counter() - start < 0.5
+    thread.join(10)
+    assert replies == [200]
+
+
+def test_health_is_503_while_generation_fails_and_ok_once_it_works_again(fake_server):
+    fake_server.gen.broken = True
+    status, _, body = fake_server.post("/v1/completions", {"prompt": "ab", "max_tokens": 2})
+    assert status == 500 and "the device is gone" in json.loads(body)["error"]["message"]
+    status, body = fake_server.get("/health")
+    assert status == 503 and "generation is failing: RuntimeError: the device is gone" in json.loads(body)["error"]
+    generated = fake_server.service.metrics.generation_tokens._value.get()
+    fake_server.gen.broken = False
+    assert fake_server.get("/health") == (200, b'{"status":"ok"}')  # its own one-token check worked
+    assert fake_server.service.metrics.generation_tokens._value.get() == generated  # the check is no request
+    assert fake_server.post("/v1/completions", {"prompt": "ab", "max_tokens": 2})[0] == 200
+
+
+def test_usage_counts_the_tokens_of_the_text_returned():
+    from draftwise.serve.protocol import completion_tokens
+
+    def decode(ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+    ids = [ord(c) for c in "def f(x): return x"]
+    assert completion_tokens(ids, "def f", decode) == 5
+    assert completion_tokens(ids, "", decode) == 0
+    assert completion_tokens(ids, "def f(x): return x", decode) == len(ids)
+    pairs = [ord("a"), 0x100, ord("b")]  # a token whose text holds the stop's start is part of the text
+
+    def decode_pairs(ids: list[int]) -> str:
+        return "".join("(c" if i == 0x100 else chr(i) for i in ids)
+
+    assert completion_tokens(pairs, "a(", decode_pairs) == 2
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"prompt": "hi", "stream_options": {"include_usage": True}}, "only allowed when stream is true"),
+    ({"prompt": "hi", "stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options must be"),
+    ({"prompt": "hi", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+     "continuous_usage_stats is not supported"),
+])
+def test_stream_options_are_checked(body, words):
+    error = _error(parse_completion, body, MODEL)
+    assert error.param == "stream_options" and words in error.message, error.message
+
+
+def test_a_post_body_must_be_declared_json(fake_server):
+    from draftwise.serve.protocol import check_content_type
+
+    check_content_type("application/json; charset=utf-8")
+    for value in (None, "text/plain", "application/x-www-form-urlencoded"):
+        assert _error(check_content_type, value).status == 415
+    status, _, body = fake_server.post("/v1/completions", {"prompt": "ab"}, headers={"Content-Type": "text/plain"})
+    assert status == 415 and "Content-Type: application/json" in json.loads(body)["error"]["message"]
+
+
+@pytest.mark.parametrize("host, bound, allowed, ok", [
+    ("localhost:8000", "127.0.0.1", (), True),
+    ("127.0.0.1:8000", "127.0.0.1", (), True),
+    ("[::1]:8000", "127.0.0.1", (), True),
+    ("app.localhost", "127.0.0.1", (), True),
+    ("attacker.example", "127.0.0.1", (), False),
+    ("attacker.example:8000", "127.0.0.1", ("attacker.example",), True),
+    ("anything.example", "127.0.0.1", ("*",), True),
+    ("10.0.0.5:8000", "127.0.0.1", (), False),
+    ("10.0.0.5:8000", "0.0.0.0", (), True),
+    ("10.0.0.5:8000", "10.0.0.5", (), True),
+    ("my-box.lan", "0.0.0.0", (), False),
+    ("", "127.0.0.1", (), False),
+])
+def test_host_headers_accepted_by_default_and_by_option(host, bound, allowed, ok):
+    from draftwise.serve.security import Access, host_allowed, host_name
+
+    assert host_allowed(host_name(host), Access(bound_host=bound, allowed_hosts=allowed)) is ok
+
+
+def test_origins_and_bearer_tokens():
+    from draftwise.serve.security import Access, bearer_matches, origin_allowed
+
+    assert origin_allowed("http://127.0.0.1:8000", Access())
+    assert not origin_allowed("https://evil.example", Access())
+    assert not origin_allowed("null", Access())
+    assert origin_allowed("https://app.example", Access(cors_origins=("https://app.example",)))
+    assert bearer_matches("Bearer s3cret", "s3cret") and bearer_matches("bearer  s3cret ", "s3cret")
+    assert not bearer_matches("Bearer s3cre", "s3cret") and not bearer_matches(None, "s3cret")
+    assert not bearer_matches("Basic s3cret", "s3cret")
+
+
+def test_the_guard_answers_foreign_hosts_origins_and_missing_keys():
+    from draftwise.serve.app import ServeSettings
+    from draftwise.serve.security import Access
+
+    server = FakeServer(settings=ServeSettings(access=Access(api_key="k3y")))
+    try:
+        def call(method: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+            data = json.dumps({"prompt": "ab", "max_tokens": 2}).encode() if method == "POST" else None
+            request = urllib.request.Request(f"http://127.0.0.1:{server.port}{path}", data=data, method=method,
+                                             headers={"Content-Type": "application/json", **headers})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    return response.status, json.loads(response.read())
+            except urllib.error.HTTPError as error:
+                return error.code, json.loads(error.read())
+
+        key = {"Authorization": "Bearer k3y"}
+        status, body = call("POST", "/v1/completions", {**key, "Host": "attacker.example"})
+        assert status == 400 and body["error"]["code"] == "invalid_host"
+        status, body = call("POST", "/v1/completions", {**key, "Origin": "https://evil.example"})
+        assert status == 403 and "--cors-origin https://evil.example" in body["error"]["message"]
+        for path in ("/v1/completions", "/v1/models", "/v1/learner"):
+            status, body = call("POST" if path == "/v1/completions" else "GET", path, {})
+            assert status == 401 and body["error"]["code"] == "invalid_api_key", (path, body)
+        assert call("GET", "/v1/models", {"Authorization": "Bearer nope"})[0] == 401
+        assert call("POST", "/v1/completions", key)[0] == 200
+        assert call("GET", "/health", {})[0] == 200 and server.get("/metrics")[0] == 200
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--api-key", ""], "--api-key must be a non-empty key without spaces"),
+    (["--api-key", "two words"], "--api-key must be a non-empty key without spaces"),
+    (["--cors-origin", "evil.example"], "--cors-origin 'evil.example' is not an origin"),
+    (["--max-body-mb", "0"], "--max-body-mb must be > 0"),
+])
+def test_serve_refuses_access_options_that_cannot_work_before_loading(monkeypatch, capsys, argv, words):
+    import draftwise.api
+    from draftwise.cli import main
+
+    monkeypatch.setattr(draftwise.api.Generator, "from_pretrained", lambda *a, **k: pytest.fail("models loaded"))
+    assert main(["serve", "--port", "0", *argv]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1, err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ from draftwise.policies.contextual import contextual_spec
 from draftwise.pools import DEFAULT_TARGET, default_drafters
 from draftwise.step_costs import StepCostModel
 from draftwise.trace import GenerationResult, summarize
-from draftwise.verify import Sampling
+from draftwise.verify import Sampling, sampling_settings
 
 if TYPE_CHECKING:
     from draftwise.session import BatchSession
@@ -45,7 +46,15 @@ DEFAULT_DRAFT_LEN = 4  # draft tokens per round; verifying 5 tokens costs ≈ 1.
 
 
 class Generator:
-    """A target model, a pool of drafters and a policy choosing among them each round."""
+    """A target model, a pool of drafters and a policy choosing among them each round.
+
+    Safe to share between threads: its calls run one at a time. :meth:`generate` and
+    :meth:`generate_batch` hold the Generator's lock from start to end, and so does each call on one of
+    its :class:`~draftwise.session.BatchSession` objects (``add``, ``step``, ``run``, ``cancel``), so a
+    second thread waits for the first to finish rather than share the target's caches and the learner
+    mid-query. For throughput from many threads, feed one batch session (as ``draftwise serve`` does)
+    or give each thread its own Generator.
+    """
 
     def __init__(
         self,
@@ -88,6 +97,8 @@ class Generator:
         self.step_costs = StepCostModel()
         self.max_context = context_limit(target)
         self.eos_ids = _eos_ids(target, tokenizer)
+        # One query or session call at a time (see the class docstring); reentrant: generate_batch runs a session
+        self.lock = threading.RLock()
 
     @classmethod
     def from_pretrained(
@@ -155,15 +166,17 @@ class Generator:
         ignore_eos: bool = False,
         truncate: bool = False,
     ) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens; greedy when ``temperature`` is 0.
+        """Generate up to ``max_new_tokens`` tokens; greedy when ``temperature`` is 0 (or below
+        :data:`~draftwise.verify.GREEDY_BELOW`, 1e-5).
 
         ``truncate`` keeps only the last tokens of a prompt too long for the target's context.
         """
         ids, settings, seed = self.prepare(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, ignore_eos,
                                            truncate)
-        generator = torch.Generator(device=self.target.device).manual_seed(seed)
-        self.policy.rng = np.random.default_rng(seed)
-        return self.result(ids, self.engine.run(ids, settings, generator), seed)
+        with self.lock:
+            generator = torch.Generator(device=self.target.device).manual_seed(seed)
+            self.policy.rng = np.random.default_rng(seed)
+            return self.result(ids, self.engine.run(ids, settings, generator), seed)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 128,
                        temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
@@ -183,15 +196,16 @@ class Generator:
         seeds = list(seed) if isinstance(seed, Sequence) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
             raise DraftwiseError(f"seed: one per prompt ({len(prompts)}), got {len(seeds)}")
-        session = self.batch_session(batch_size, decide)
-        handles: list[Any] = []
-        for prompt, one_seed in zip(prompts, seeds):
-            try:
-                handles.append(session.add(prompt, max_new_tokens, temperature, top_k, top_p, one_seed, stop,
-                                           ignore_eos, truncate))
-            except DraftwiseError as error:
-                handles.append(error)
-        session.run()
+        with self.lock:
+            session = self.batch_session(batch_size, decide)
+            handles: list[Any] = []
+            for prompt, one_seed in zip(prompts, seeds):
+                try:
+                    handles.append(session.add(prompt, max_new_tokens, temperature, top_k, top_p, one_seed, stop,
+                                               ignore_eos, truncate))
+                except DraftwiseError as error:
+                    handles.append(error)
+            session.run()
         return [self.failed(str(h)) if isinstance(h, DraftwiseError) else h.result for h in handles]
 
     def batch_session(self, max_batch: int = 32, decide: str = "query") -> BatchSession:
@@ -326,8 +340,8 @@ def _check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, 
         raise DraftwiseError(f"top_p must lie in (0, 1], got {top_p!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
         raise DraftwiseError(f"top_k must be an integer ≥ 1, got {top_k!r}")
-    return Sampling(temperature=float(temperature), top_k=None if top_k is None else int(top_k),
-                    top_p=None if top_p is None else float(top_p))
+    return sampling_settings(float(temperature), None if top_k is None else int(top_k),
+                             None if top_p is None else float(top_p))
 
 
 def check_sampling_scheme(scheme: str) -> bool:

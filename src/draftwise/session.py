@@ -4,6 +4,9 @@
 ``session.step()`` admits queued queries while the batch has room, runs one batched round and
 returns each query's new tokens; ``session.cancel(handle)`` drops a query between rounds. A
 server drives it from one thread; :meth:`~draftwise.api.Generator.generate_batch` runs it to the end.
+
+Every call holds the Generator's lock (:class:`~draftwise.api.Generator`): threads sharing a session,
+or a session and its Generator, take turns, one call (a round, for ``step``) at a time.
 """
 
 from __future__ import annotations
@@ -78,7 +81,8 @@ class BatchSession:
         ids, settings, seed = self.generator.prepare(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
                                                      ignore_eos, truncate)
         handle = BatchQuery(ids, settings, seed)
-        self.waiting.append(handle)
+        with self.generator.lock:
+            self.waiting.append(handle)
         return handle
 
     @property
@@ -89,6 +93,10 @@ class BatchSession:
     def step(self) -> list[tuple[BatchQuery, list[int]]]:
         """Admit queued queries while there is room, run one round of the batch, retire finished
         queries. Returns each query with the tokens it gained (a finished one has ``result`` set)."""
+        with self.generator.lock:
+            return self._step()
+
+    def _step(self) -> list[tuple[BatchQuery, list[int]]]:
         self._admit()
         finished = {id(lane) for lane in self.engine.round()}
         events = []
@@ -107,24 +115,26 @@ class BatchSession:
         """Step until every query is done; Ctrl-C ends every query as ``interrupted`` (what each
         generated is kept, the Generator stays exact) and re-raises nothing."""
         modes = GradModes.now()
-        try:
-            while self.pending:
-                self.step()
-        except KeyboardInterrupt as error:
-            interrupted(error, modes)
-            for handle in list(self.active) + list(self.waiting):
-                self.cancel(handle, "interrupted")
+        with self.generator.lock:
+            try:
+                while self.pending:
+                    self._step()
+            except KeyboardInterrupt as error:
+                interrupted(error, modes)
+                for handle in list(self.active) + list(self.waiting):
+                    self.cancel(handle, "interrupted")
 
     def cancel(self, handle: BatchQuery, reason: str = "cancelled") -> None:
         """End a query between rounds; its result keeps what it generated."""
-        if handle.done:
-            return
-        if handle in self.waiting:
-            self.waiting.remove(handle)
-            handle.result = GenerationResult([], "", summarize([], 0, 0.0, reason), [], handle.prompt_ids,
-                                             handle.seed)
-            return
-        self._retire(handle, reason)
+        with self.generator.lock:
+            if handle.done:
+                return
+            if handle in self.waiting:
+                self.waiting.remove(handle)
+                handle.result = GenerationResult([], "", summarize([], 0, 0.0, reason), [], handle.prompt_ids,
+                                                 handle.seed)
+                return
+            self._retire(handle, reason)
 
     # ------------------------------------------------------------------------------------------
     def _admit(self) -> None:

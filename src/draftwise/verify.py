@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
+# A temperature below this is run as greedy decoding (vLLM's threshold too): at such temperatures every
+# draw is the argmax already, and below ≈ 1e-37 ``logits / temperature`` overflows float32 into NaN.
+GREEDY_BELOW = 1e-5
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -29,6 +33,20 @@ class Sampling:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def sampling_settings(temperature: float, top_k: int | None = None, top_p: float | None = None) -> Sampling:
+    """The :class:`Sampling` that checked settings ask for: greedy (exactly the target's argmax path) when
+    ``temperature`` is below :data:`GREEDY_BELOW`; ``top_p`` 1 is no nucleus.
+
+    >>> sampling_settings(1e-300, top_p=0.5) == Sampling()
+    True
+    >>> sampling_settings(0.7, top_k=4, top_p=1.0)
+    Sampling(temperature=0.7, top_k=4, top_p=None, coupled=False)
+    """
+    if temperature < GREEDY_BELOW:
+        return Sampling()
+    return Sampling(temperature=float(temperature), top_k=top_k, top_p=None if top_p is None or top_p >= 1 else top_p)
 
 
 @dataclass(frozen=True)
@@ -50,8 +68,10 @@ def warp(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     probs = torch.softmax(scores, dim=-1)
     if sampling.top_p is not None and sampling.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        # drop a token when the mass strictly before it already reaches top_p (the top token stays)
+        # drop a token when the mass strictly before it already reaches top_p; the top token always stays
+        # (a top_p below float32's smallest value rounds to 0, which the top token's 0 would reach)
         drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= sampling.top_p
+        drop_sorted[..., 0] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)

@@ -25,9 +25,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("prompt", nargs="?", help="the prompt text; read from stdin when omitted or '-'")
     add_model_options(p)
     p.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default; so is anything below 1e-5); > 0 samples")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="nucleus sampling mass in (0, 1] (the most likely token always stays)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop once this text appears (repeatable)")
@@ -100,7 +102,8 @@ def load_generator(args: argparse.Namespace) -> Any:
     drafters = args.drafter if args.drafter is not None else list(default_drafters(target))
     return Generator.from_pretrained(
         target, drafters, policy=args.policy or DEFAULT_POLICY, draft_len=args.draft_len,
-        device=args.device, dtype=args.dtype, seed=args.seed, chat=args.chat, arms=args.arms,
+        device=args.device, dtype=args.dtype, seed=0 if args.seed is None else args.seed, chat=args.chat,
+        arms=args.arms,
         max_draft=args.max_draft, stops=args.stops.split(",") if args.stops else None, arm_drafter=args.arm_drafter,
         drafter_head_dtype=args.drafter_head_dtype, sampling=args.sampling,
     )

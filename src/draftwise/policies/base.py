@@ -49,6 +49,10 @@ class Policy(ABC):
     # Contextual learners: names of drafters whose having a proposal this round is the context
     # (the engine asks them before each ``select`` and calls ``set_context``).
     context_on: tuple[str, ...] = ()
+    # What a saved learner state holds (``draftwise serve --state``): the evidence each class adds, joined
+    # along its bases (:func:`learned_attributes`). Configuration comes from the spec, per-query state
+    # starts afresh and caches are rebuilt, so none of them is saved.
+    learned: ClassVar[tuple[str, ...]] = ("queries",)
 
     def __init__(
         self,
@@ -193,6 +197,24 @@ class Policy(ABC):
     def state_dict(self) -> dict[str, Any]:
         """A JSON-friendly snapshot of the learner's state."""
         return {"policy": type(self).__name__, "arms": self.arms, "reward": self.reward}
+
+    def state_examples(self) -> dict[str, list[Any]]:
+        """For a :attr:`learned` attribute whose fresh value does not show what it may hold (None, or an
+        empty container): the shapes it may take. A loaded value must fit one of them."""
+        return {}
+
+    def check_state(self) -> None:
+        """After a saved state is loaded: raise ``ValueError`` naming what does not hold together (values
+        whose types and shapes fit, but not each other or the arms)."""
+
+
+def learned_attributes(obj: Any) -> tuple[str, ...]:
+    """The :attr:`Policy.learned` attributes of ``obj``'s class and its bases, bases first (also for the
+    learners' helper objects, which declare theirs the same way)."""
+    names: dict[str, None] = {}
+    for cls in reversed(type(obj).__mro__):
+        names.update(dict.fromkeys(vars(cls).get("learned", ())))
+    return tuple(names)
 
 
 History = Sequence[tuple[Hashable | None, int, RoundRecord]]  # per round: context (None: none), arm, record

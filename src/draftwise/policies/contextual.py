@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -69,6 +69,7 @@ class ContextualUCBPolicy(UCBPolicy):
                "context, kept across queries; hears every round what no speculation would have earned")
     default_arms = "cascade"
     side_observations = False  # its reward scale is fed by observe: not wired for side observations
+    learned: ClassVar[tuple[str, ...]] = ("key", "stored", "reward_sum", "reward_count")
 
     def __init__(
         self,
@@ -192,6 +193,13 @@ class ContextualUCBPolicy(UCBPolicy):
         mean = self.reward_sum / self.reward_count if self.reward_count > 0 else 1.0
         sums = [s + self.lead * mean * (1.0 if i == leader else self.lag) for i, s in enumerate(sums)]
         return sums, [n + self.lead for n in pulls], t + self.lead * self.n_arms
+
+    def state_examples(self) -> dict[str, list[Any]]:
+        # A context is None (before the first round) or one bool per watched lookup, plus one for the
+        # opening; the lookups are among the arms, so no context is longer than the arms and one.
+        contexts: list[Context] = [None, *((True,) * n for n in range(1, self.n_arms + 2))]
+        evidence = (np.zeros(self.n_arms), np.zeros(self.n_arms), 0.0)
+        return {"key": contexts, "stored": [{context: evidence for context in contexts}]}
 
     def bonus_weight(self) -> float:
         """β in units of the mean reward seen (tokens/s have no natural scale)."""

@@ -66,6 +66,7 @@ class EXP3Policy(Policy):
 
     summary = "MetaSD-EXP3 (Alg. 7): exponential weights mixed with γ = 0.4 uniform, BD reward"
     decayed: ClassVar[tuple[str, ...]] = ("log_weights",)
+    learned: ClassVar[tuple[str, ...]] = ("log_weights", "t")
 
     def __init__(self, arms: Sequence[str], rng: np.random.Generator, *, gamma: float = 0.4, **common: Any) -> None:
         if not 0.0 < gamma <= 1.0:
@@ -106,6 +107,7 @@ class EXP3SpecPolicy(Policy):
 
     summary = "BanditSpec EXP3Spec (Alg. 5): anytime η_t = sqrt(log K/(tK)), importance-weighted length loss"
     decayed: ClassVar[tuple[str, ...]] = ("cum_loss",)
+    learned: ClassVar[tuple[str, ...]] = ("cum_loss", "t", "max_draft")
 
     def __init__(
         self,

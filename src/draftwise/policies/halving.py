@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -42,6 +42,8 @@ def keep_best_half(survivors: list[int], totals: np.ndarray, rng: np.random.Gene
 
 class HalvingPolicy(Policy):
     """Sequential Halving over the arms, then commit to the survivor for the rest of the query."""
+
+    learned: ClassVar[tuple[str, ...]] = ("survivors", "pseudo", "pseudo_pulls", "schedule", "totals", "counts")
 
     def __init__(self, arms: Sequence[str], rng: np.random.Generator, **common: Any) -> None:
         super().__init__(arms, rng, **common)
@@ -100,6 +102,17 @@ class HalvingPolicy(Policy):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "survivors": self.survivors, "committed": self.committed}
+
+    def state_examples(self) -> dict[str, list[Any]]:
+        return {"schedule": [[0]]}
+
+    def check_state(self) -> None:
+        survivors = self.survivors
+        if not survivors or survivors != sorted(set(survivors)) or not 0 <= survivors[0] <= survivors[-1] < self.n_arms:
+            raise ValueError(f"{type(self).__name__}: survivors {survivors} are not distinct arms of "
+                             f"0..{self.n_arms - 1}")
+        if not set(self.schedule) <= set(survivors):
+            raise ValueError(f"{type(self).__name__}: the schedule plays arms that are not survivors")
 
 
 @register_policy("halving")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -111,6 +111,8 @@ def _normalised(prior: np.ndarray | None, n: int) -> np.ndarray:
 class HedgeLearner:
     """Hedge / exponential weights: p ∝ π exp(−η L); η constant or, when 0, sqrt(8 ln N / t)."""
 
+    learned: ClassVar[tuple[str, ...]] = ("cum_loss", "t")
+
     def __init__(self, n: int, eta: float = 0.0, prior: np.ndarray | None = None) -> None:
         self.eta = eta
         self.prior = _normalised(prior, n)
@@ -135,6 +137,8 @@ class HedgeLearner:
 
 class NormalHedgeLearner:
     """NormalHedge (Chaudhuri et al. 2009; HedgeSpec Fig. 7): parameter-free, regret-driven."""
+
+    learned: ClassVar[tuple[str, ...]] = ("regrets", "scale", "_probs")
 
     def __init__(self, n: int, prior: np.ndarray | None = None) -> None:
         self.prior = _normalised(prior, n)
@@ -163,6 +167,8 @@ class NormalHedgeLearner:
 
 class AdaNormalHedgeLearner:
     """AdaNormalHedge (Luo & Schapire 2015): regrets R and their absolute sums C per arm."""
+
+    learned: ClassVar[tuple[str, ...]] = ("regrets", "abs_sums", "_probs")
 
     def __init__(self, n: int, prior: np.ndarray | None = None) -> None:
         self.prior = _normalised(prior, n)
@@ -206,6 +212,7 @@ class FullInformationPolicy(Policy):
     """
 
     full_information = True
+    learned: ClassVar[tuple[str, ...]] = ("learner",)  # the queue and the token game last one query
 
     def __init__(
         self,

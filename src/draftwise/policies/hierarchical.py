@@ -9,7 +9,7 @@ learn from every round they took part in, each with its own reward signal. Best 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -32,6 +32,7 @@ class HierarchicalPolicy(Policy):
 
     summary = "one learner picks the drafter (outer), another its stopping rule (inner); arms drafters×stops"
     default_arms = "drafters×stops"
+    learned: ClassVar[tuple[str, ...]] = ("outer", "inner")
 
     def __init__(self, arms: Sequence[str], rng: np.random.Generator, *, outer: str = "ucb", inner: str = "ucb1",
                  **common: Any) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -39,6 +39,7 @@ class RoundRobinPolicy(Policy):
     """Cycle through the arms in order."""
 
     summary = "cycle through the arms in order"
+    learned: ClassVar[tuple[str, ...]] = ("t",)
 
     def reset(self) -> None:
         self.t = 0

@@ -23,6 +23,11 @@ class BetaThompsonPolicy(Policy):
 
     summary = "Beta-Bernoulli Thompson sampling (TapOut token level), rewards in [0, 1]"
     decayed: ClassVar[tuple[str, ...]] = ("successes", "failures")  # decay shrinks towards Beta(1, 1)
+    learned: ClassVar[tuple[str, ...]] = ("successes", "failures")
+
+    def check_state(self) -> None:
+        if (self.successes < 0).any() or (self.failures < 0).any():
+            raise ValueError("ts-beta: negative success or failure counts")
 
     def __init__(self, arms: Sequence[str], rng: np.random.Generator, *, binarize: bool = True, **common: Any) -> None:
         self.binarize = binarize

@@ -51,6 +51,11 @@ class MeanRewardPolicy(Policy):
     """
 
     decayed: ClassVar[tuple[str, ...]] = ("pulls", "sums", "t")
+    learned: ClassVar[tuple[str, ...]] = ("pulls", "sums", "t")
+
+    def check_state(self) -> None:
+        if (self.pulls < 0).any() or self.t < 0:
+            raise ValueError(f"{type(self).__name__}: negative counts (pulls {self.pulls.tolist()}, t {self.t})")
 
     def reset(self) -> None:
         self.pulls = np.zeros(self.n_arms)

@@ -55,6 +55,7 @@ class UCBSpecPolicy(MeanRewardPolicy):
     """
 
     summary = "BanditSpec UCBSpec (Alg. 4): round-robin start, then mean length + confidence radius (δ)"
+    learned: ClassVar[tuple[str, ...]] = ("squares", "max_draft")  # L grows with the draft budgets seen
     side_observations = True
     decayed: ClassVar[tuple[str, ...]] = ("pulls", "sums", "squares", "t")
     SCALE_PRIOR = 2.0  # pseudo-observations of a variance of (L/2)² in scale=std
@@ -148,6 +149,7 @@ class UCBTunedPolicy(MeanRewardPolicy):
     """UCB-Tuned (Auer et al. 2002) as in TapOut: variance-aware bonus, rewards in [0, 1]."""
 
     summary = "UCB-Tuned (TapOut): variance-aware UCB on the blend reward"
+    learned: ClassVar[tuple[str, ...]] = ("squares",)
     decayed: ClassVar[tuple[str, ...]] = ("pulls", "sums", "squares", "t")
 
     def __init__(self, arms: Sequence[str], rng: np.random.Generator, *, reward: str = "blend", **common: Any) -> None:
@@ -220,6 +222,7 @@ class SlidingWindowUCBPolicy(MeanRewardPolicy):
     """
 
     summary = "Sliding-window UCB (MetaSD Alg. 8): window τ (default 64 rounds), β 0.01, BD reward"
+    learned: ClassVar[tuple[str, ...]] = ("history",)
 
     def __init__(
         self, arms: Sequence[str], rng: np.random.Generator, *, beta: float = 0.01, window: int = 64, **common: Any
@@ -233,6 +236,14 @@ class SlidingWindowUCBPolicy(MeanRewardPolicy):
     def reset(self) -> None:
         super().reset()
         self.history: deque[tuple[int, float]] = deque()
+
+    def state_examples(self) -> dict[str, list[Any]]:
+        return {"history": [deque([(0, 0.0)])]}
+
+    def check_state(self) -> None:
+        super().check_state()
+        if any(not 0 <= arm < self.n_arms for arm, _ in self.history):
+            raise ValueError(f"swucb: the window names arms outside 0..{self.n_arms - 1}")
 
     def decay_state(self, factor: float) -> None:
         # The window already forgets; keeping across queries keeps the window as it is.

@@ -1,18 +1,27 @@
 """The HTTP routes (Starlette): OpenAI's completions and chat completions, streamed or not, plus models,
 health, Prometheus metrics, the learner's JSON and its live page.
 
-Every error is OpenAI-shaped (:class:`~draftwise.serve.protocol.APIError`). Requests are checked and
-tokenized here, on the event loop, then queued to the :class:`~draftwise.serve.scheduler.Scheduler`; a
-client that goes away cancels its job (the worker drops it before the next round).
+Every error is OpenAI-shaped (:class:`~draftwise.serve.protocol.APIError`). A request passes the
+:mod:`~draftwise.serve.security` guard (host, origin, API key), must be declared JSON and stay under the
+body limit (413 as soon as its declared or received size passes it); it is then parsed, checked and
+tokenized off the event loop, on one preparing thread, so that other requests and ``/health`` are answered
+meanwhile, and queued to the :class:`~draftwise.serve.scheduler.Scheduler`. A client that goes away
+cancels its job (the worker drops it before the next round). After a large body the process hands freed
+memory back to the system.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
+import gc
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -20,6 +29,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -34,7 +45,9 @@ from draftwise.serve.protocol import (
     SamplingRequest,
     TextStream,
     bad_request,
+    check_content_type,
     check_context,
+    completion_tokens,
     cut_at_stop,
     finish_reason,
     parse_body,
@@ -45,10 +58,69 @@ from draftwise.serve.protocol import (
     usage,
 )
 from draftwise.serve.scheduler import Cancelled, Done, Failed, Job, Overloaded, Scheduler, Ticket, Tokens
+from draftwise.serve.security import Access, Guard
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1  # what a 503 asks the client to wait
+DEFAULT_MAX_BODY_BYTES = 4 * 2**20  # a request body above this is refused (413): --max-body-mb
+TRIM_ABOVE_BYTES = 2**20  # after a body this large, freed memory goes back to the system
+SEED_BITS = 53  # a drawn seed is below 2**53: every JSON client can send it back exactly
+PROBE_TIMEOUT_S = 30.0  # how long /health waits for its own one-token generation
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """How the server treats requests: who may call it, how large a body may be, which seed a request
+    without one gets (None: a fresh one each time, returned in the response)."""
+
+    access: Access = field(default_factory=Access)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    seed: int | None = None
+
+
+def fresh_seed() -> int:
+    return secrets.randbits(SEED_BITS)
+
+
+def trim_memory() -> None:
+    """Collect garbage and hand the freed heap back to the system (glibc's malloc_trim; elsewhere only the
+    collection): tokenizing a body of megabytes leaves hundreds of megabytes that the allocator keeps."""
+    gc.collect()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _libc() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+_LIBC = _libc()
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, refused with 413 as soon as its declared size or the bytes received pass
+    ``limit`` (the rest is never read)."""
+    def too_large(size: str) -> APIError:
+        return APIError(413, f"the request body is {size}, over this server's limit of {limit} bytes "
+                        "(--max-body-mb); send a shorter prompt", code="request_too_large",
+                        headers={"Connection": "close"})
+
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(f"{int(declared)} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(f"over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 @dataclass
@@ -60,8 +132,23 @@ class Service:
     metrics: ServeMetrics
     model: str  # the name clients send as "model"
     policy: str  # the policy spec, reported with each response
+    settings: ServeSettings = field(default_factory=ServeSettings)
     on_shutdown: list[Callable[[], None]] = field(default_factory=list)  # after the worker has stopped
     started: float = field(default_factory=time.time)
+    # Parsing, checking and tokenizing run here, one request at a time (tokenizers are not all safe to
+    # share between threads), never on the event loop.
+    preparing: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftwise-prepare"))
+
+    async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.preparing, fn, *args)
+
+    def prepare(self, raw: bytes, kind: str) -> tuple[SamplingRequest, list[int], Job]:
+        """A request body read into a checked request, its prompt's token ids and its job."""
+        body = parse_body(raw)
+        checked = parse_chat(body, self.model) if kind == "chat" else parse_completion(body, self.model)
+        prompt_ids = self.encode(checked)
+        return checked, prompt_ids, self.job(checked, prompt_ids)
 
     # -- prompts ----------------------------------------------------------------------------------------------
     def encode(self, request: SamplingRequest) -> list[int]:
@@ -107,8 +194,45 @@ class Service:
             check_generate_args(max_tokens, request.temperature, request.top_k, request.top_p, request.seed)
         except DraftwiseError as error:
             raise bad_request(str(error)) from None
+        seed = request.seed
+        if seed is None:
+            seed = self.settings.seed if self.settings.seed is not None else fresh_seed()
         return Job(prompt_ids, max_tokens, temperature=request.temperature, top_k=request.top_k,
-                   top_p=request.top_p, seed=request.seed, stop=request.stop, ignore_eos=request.ignore_eos)
+                   top_p=request.top_p, seed=seed, stop=request.stop, ignore_eos=request.ignore_eos)
+
+    def completion(self, result: Any, stops: tuple[str, ...]) -> tuple[str, int]:
+        """The text a response returns (cut at a stop string) and the tokens it is made of."""
+        text, cut = cut_at_stop(result.text, stops)
+        return text, completion_tokens(result.token_ids, text, self.decode) if cut else len(result.token_ids)
+
+    # -- health -----------------------------------------------------------------------------------------------
+    _probing: asyncio.Lock | None = field(default=None, init=False, repr=False)
+
+    async def problem(self) -> str | None:
+        """Why generation fails, or None. After a failure, one short generation of its own tells whether it
+        still fails (a server that no client sends work to any more would otherwise never recover)."""
+        problem = self.scheduler.problem
+        if problem is None or not self.scheduler.alive:
+            return problem
+        if self._probing is None:
+            self._probing = asyncio.Lock()
+        async with self._probing:
+            if self.scheduler.problem is None:  # another check's probe succeeded meanwhile
+                return None
+            job = Job([min(getattr(self.generator, "eos_ids", ()), default=0)], 1, ignore_eos=True, probe=True)
+            ticket = Ticket(job, self.scheduler)
+            try:
+                self.scheduler.submit(job)
+            except Overloaded:
+                return problem  # no room to check: the latest failure stands
+            try:
+                async with asyncio.timeout(PROBE_TIMEOUT_S):
+                    while not isinstance(await ticket.next(), (Done, Failed, Cancelled)):
+                        pass
+            except TimeoutError:
+                ticket.cancel()
+                return f"{problem}; a one-token check did not finish within {PROBE_TIMEOUT_S:.0f} s"
+        return self.scheduler.problem
 
 
 def error_response(error: APIError) -> JSONResponse:
@@ -125,11 +249,13 @@ def create_app(service: Service) -> Starlette:
         return await generate(request, "chat")
 
     async def generate(request: Request, kind: str) -> Response:
+        size = 0
         try:
-            body = parse_body(await request.body())
-            checked = parse_chat(body, service.model) if kind == "chat" else parse_completion(body, service.model)
-            prompt_ids = service.encode(checked)
-            job = service.job(checked, prompt_ids)
+            check_content_type(request.headers.get("content-type"))
+            raw = await read_body(request, service.settings.max_body_bytes)
+            size = len(raw)
+            checked, prompt_ids, job = await service.off_loop(service.prepare, raw, kind)
+            del raw
             ticket = Ticket(job, service.scheduler)
             try:
                 service.scheduler.submit(job)
@@ -140,6 +266,9 @@ def create_app(service: Service) -> Starlette:
                                headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         except APIError as error:
             return error_response(error)
+        finally:
+            if size >= TRIM_ABOVE_BYTES:  # queued after this request's own preparing, once its garbage is free
+                asyncio.get_running_loop().run_in_executor(service.preparing, trim_memory)
         reply = Reply.new(kind, service.model)
         if checked.stream:
             return StreamingResponse(stream(request, ticket, reply, checked, len(prompt_ids)),
@@ -155,10 +284,10 @@ def create_app(service: Service) -> Starlette:
                 event = await ticket.next()
                 if isinstance(event, Done):
                     result = event.result
-                    text, _ = cut_at_stop(result.text, checked.stop)
+                    text, generated = service.completion(result, checked.stop)
                     return JSONResponse(reply.full(text, finish_reason(result.stats.stopped_by),
-                                                   usage(prompt_tokens, len(result.token_ids)),
-                                                   speculative(result.stats, service.policy)))
+                                                   usage(prompt_tokens, generated),
+                                                   speculative(result.stats, service.policy), ticket.job.seed))
                 if isinstance(event, Failed):
                     return error_response(failure(event))
                 if isinstance(event, Cancelled):
@@ -184,8 +313,9 @@ def create_app(service: Service) -> Starlette:
                     result = event.result
                     yield sse(reply.chunk(text.finish(result.text),
                                           finish_reason=finish_reason(result.stats.stopped_by),
-                                          use=usage(prompt_tokens, len(result.token_ids)),
-                                          spec=speculative(result.stats, service.policy)))
+                                          spec=speculative(result.stats, service.policy), seed=ticket.job.seed))
+                    if checked.include_usage:
+                        yield sse(reply.usage_chunk(usage(prompt_tokens, service.completion(result, checked.stop)[1])))
                     yield sse("[DONE]")
                     return
                 elif isinstance(event, Failed):
@@ -218,6 +348,12 @@ def create_app(service: Service) -> Starlette:
             "arms": [a.name for a in service.generator.arms]}]})
 
     async def health(request: Request) -> Response:
+        """Readiness: 503 while generation fails (the latest job failed on the server's side and a check of
+        its own fails too), else ok."""
+        problem = await service.problem()
+        if problem is not None:
+            return JSONResponse({"status": "unavailable", "error": f"generation is failing: {problem}"},
+                                status_code=503)
         return JSONResponse({"status": "ok"})
 
     async def metrics(request: Request) -> Response:
@@ -245,6 +381,7 @@ def create_app(service: Service) -> Starlette:
             yield
         finally:  # uvicorn has let every open request finish (SIGTERM): the worker has nothing left to do
             await asyncio.to_thread(service.scheduler.close)
+            service.preparing.shutdown(wait=False)
             for hook in service.on_shutdown:
                 try:
                     hook()
@@ -260,5 +397,10 @@ def create_app(service: Service) -> Starlette:
         Route("/v1/learner", learner, methods=["GET"]),
         Route("/", page, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan,
+    access = service.settings.access
+    middleware = [Middleware(Guard, access=access)]
+    if access.cors_origins:  # outermost: it answers preflights, and its headers reach every refusal too
+        middleware.insert(0, Middleware(CORSMiddleware, allow_origins=list(access.cors_origins),
+                                        allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"]))
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                      exception_handlers={HTTPException: http_error, Exception: http_error})

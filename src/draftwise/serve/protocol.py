@@ -18,7 +18,7 @@ from typing import Any
 from draftwise.api import SEED_LIMIT
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
-DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send temperature=0 for greedy (exactly the target's argmax path)
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; temperature 0 (or below 1e-5) is greedy: exactly the target's argmax path
 MAX_STOPS = 4  # as OpenAI
 
 
@@ -95,11 +95,21 @@ WHY_NOT = {
     "function_call": "function calling is not supported",
     "response_format": "only plain text ({\"type\": \"text\"}) is supported",
 }
-IGNORED = ("user", "metadata", "store", "service_tier", "stream_options")  # accepted, no effect (stream_options: read)
-COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "ignore_eos")
+IGNORED = ("user", "metadata", "store", "service_tier")  # accepted, no effect
+COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
+          "ignore_eos")
 COMPLETION_FIELDS = frozenset((*COMMON, "prompt", *NEUTRAL, *IGNORED))
 CHAT_FIELDS = frozenset((*COMMON, "messages", "max_completion_tokens", *NEUTRAL, *IGNORED))
 CHAT_ROLES = ("system", "developer", "user", "assistant")
+
+
+def check_content_type(value: str | None) -> None:
+    """A POST body must be declared JSON: a web page can send ``text/plain`` to any server without asking
+    first (no CORS preflight), but not ``application/json``."""
+    if (value or "").split(";", 1)[0].strip().lower() != "application/json":
+        shown = repr(value) if value else "none"
+        raise APIError(415, f"the request body must be sent as Content-Type: application/json (got {shown})",
+                       code="unsupported_media_type")
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -166,10 +176,17 @@ def _common(body: dict[str, Any], served: str, kind: str, *, prompt: str | list[
         stream = False
     if not isinstance(stream, bool):
         raise bad_request(f"stream must be true or false, got {json.dumps(stream)}", param="stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
+    options = body.get("stream_options")
+    if options is not None and not stream:
+        raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
+    options = options or {}
+    if (not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}
+            or not all(isinstance(v, bool) for v in options.values())):
         raise bad_request("stream_options must be an object such as {\"include_usage\": true}",
                           param="stream_options")
+    if options.get("continuous_usage_stats"):
+        raise bad_request("stream_options.continuous_usage_stats is not supported; include_usage sends the usage "
+                          "in a last chunk", param="stream_options", code="unsupported_parameter")
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise bad_request(f"ignore_eos must be true or false, got {json.dumps(ignore_eos)}", param="ignore_eos")
@@ -310,6 +327,20 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
 
 
+def completion_tokens(ids: Sequence[int], text: str, decode: Callable[[list[int]], str]) -> int:
+    """How many of the generated ``ids`` the returned ``text`` (cut at a stop string) is made of: the
+    shortest prefix whose decoding holds it. Tokens generated past the cut do not count, wherever the
+    rounds happened to end.
+
+    >>> completion_tokens([ord(c) for c in "ab(cd"], "ab", lambda ids: "".join(map(chr, ids)))
+    2
+    """
+    n = len(ids)
+    while n > 0 and decode(list(ids[: n - 1])).startswith(text):
+        n -= 1
+    return n
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
@@ -343,16 +374,17 @@ class Reply:
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, text: str, finish_reason: str | None, use: dict[str, int], spec: dict[str, Any]) -> dict[str, Any]:
+    def full(self, text: str, finish_reason: str | None, use: dict[str, int], spec: dict[str, Any],
+             seed: int | None) -> dict[str, Any]:
         if self.kind == "chat":
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
         else:
             choice = {"index": 0, "text": text}
         choice.update(logprobs=None, finish_reason=finish_reason)
-        return {**self._head(False), "choices": [choice], "usage": use, "speculative": spec}
+        return {**self._head(False), "choices": [choice], "usage": use, "seed": seed, "speculative": spec}
 
     def chunk(self, text: str, *, first: bool = False, finish_reason: str | None = None,
-              use: dict[str, int] | None = None, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+              spec: dict[str, Any] | None = None, seed: int | None = None) -> dict[str, Any]:
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
             choice: dict[str, Any] = {"index": 0, "delta": delta}
@@ -360,10 +392,14 @@ class Reply:
             choice = {"index": 0, "text": text}
         choice.update(logprobs=None, finish_reason=finish_reason)
         out = {**self._head(True), "choices": [choice]}
-        if use is not None:  # the final chunk carries usage and the speculative block
-            out["usage"] = use
+        if spec is not None:  # the chunk that finishes the choice carries the seed and the speculative block
+            out["seed"] = seed
             out["speculative"] = spec
         return out
+
+    def usage_chunk(self, use: dict[str, int]) -> dict[str, Any]:
+        """The last chunk of a stream asked for ``stream_options.include_usage``: no choice, the usage."""
+        return {**self._head(True), "choices": [], "usage": use}
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:

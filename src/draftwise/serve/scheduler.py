@@ -9,7 +9,8 @@ The worker loop, one round at a time::
 A job's events are :class:`Tokens`, then one of :class:`Done`, :class:`Failed` or :class:`Cancelled`.
 ``submit`` never blocks: a full queue raises :class:`Overloaded` (the app answers 503). A cancelled job
 (its client went away) leaves the batch before the next round. ``close`` lets every admitted and queued
-job finish, then ends the worker.
+job finish, then ends the worker. :attr:`Scheduler.problem` says why generation is failing (the latest
+job failed on the server's side, or the worker stopped) until a job succeeds again.
 
 This module is the only place that touches the session API (``batch_session``, ``add``, ``step``,
 ``cancel``, ``active``).
@@ -73,6 +74,7 @@ class Job:
     seed: int | None = None
     stop: Sequence[str] = ()
     ignore_eos: bool = False
+    probe: bool = False  # a health check's own generation: not a request, kept out of the metrics
     deliver: Callable[[Event], None] = lambda event: None
     cancelled: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.perf_counter)
@@ -123,6 +125,7 @@ class Scheduler:
         self._running = 0
         self._thread: threading.Thread | None = None
         self.rounds = 0  # session steps run (for tests and the page)
+        self._failure: str | None = None  # the latest server-side failure, until a job succeeds
 
     # -- the request side (event loop thread) ---------------------------------------------------------------
     def start(self) -> None:
@@ -147,6 +150,18 @@ class Scheduler:
             self._cond.notify()
 
     @property
+    def problem(self) -> str | None:
+        """Why generation is failing now, or None: the worker stopped, or the latest job that ended failed
+        on the server's side (a bad request is not the server's failure)."""
+        if self._thread is not None and not self._thread.is_alive() and not self._closing:
+            return f"the generation worker stopped ({self._failure})"
+        return self._failure
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def waiting(self) -> int:
         return len(self._waiting)
 
@@ -169,6 +184,7 @@ class Scheduler:
             self._loop(active)
         except BaseException as error:  # a bug: say so to every request rather than leave them waiting
             log.exception("the scheduler stopped")
+            self._failure = f"{type(error).__name__}: {error}"
             with self._cond:
                 self._closing = True
                 jobs = [job for _, job in active.values()] + list(self._waiting)
@@ -197,6 +213,7 @@ class Scheduler:
                 events = session.step()
             except Exception as error:  # a bug or a device error: the batch's requests fail, the next start afresh
                 log.exception("a round failed; the batch's %d requests fail", len(active))
+                self._failure = f"{type(error).__name__}: {error}"
                 for _, job in active.values():
                     job.deliver(Failed(error, bad_input=False))
                 active.clear()
@@ -213,7 +230,8 @@ class Scheduler:
                     job.deliver(Tokens(list(new_ids)))
                 if handle.done:
                     del active[id(handle)]
-                    if self.on_result is not None:
+                    self._failure = None
+                    if self.on_result is not None and not job.probe:
                         try:
                             self.on_result(handle.result)
                         except Exception:  # metrics must never fail a request
@@ -234,6 +252,7 @@ class Scheduler:
             return
         except Exception as error:
             log.exception("admitting a request failed")
+            self._failure = f"{type(error).__name__}: {error}"
             job.deliver(Failed(error, bad_input=False))
             return
         active[id(handle)] = (handle, job)
@@ -246,7 +265,7 @@ class Scheduler:
                 self._cancelled(job)
 
     def _cancelled(self, job: Job) -> None:
-        if self.on_cancel is not None:
+        if self.on_cancel is not None and not job.probe:
             self.on_cancel()
         job.deliver(Cancelled())
 
