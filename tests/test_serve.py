@@ -53,8 +53,9 @@ class ServerProcess:
         self.log = open(tmp / f"server-{self.port}.log", "w+b")  # noqa: SIM115 (closed in stop)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, *(launcher or ["-m", "draftwise.cli"]), "serve", "--port", str(self.port), "--threads",
-             "1", "--state", str(self.state), "--max-batch", "16", "--queue-size", "64", *extra],
+            [sys.executable, *(launcher or ["-m", "draftwise.cli"]), "serve", "--target", "zoo:target",
+             "--port", str(self.port), "--threads", "1", "--state", str(self.state), "--max-batch", "16",
+             "--queue-size", "64", *extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.time() + STARTUP_S
