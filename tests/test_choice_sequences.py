@@ -3,8 +3,8 @@ decisions) and the vLLM proposer's core — for fixed seeds and inputs, with tim
 that count tokens (``length``, ``be``) instead of seconds, a step-cost model with fixed coefficients,
 a model drafter's cost per token fixed, and the vLLM proposer on its fake clock.
 
-The sequences below are the reference behaviour of the three drivers: a change to what any of them
-decides shows here first.
+The sequences below are the reference behaviour of the three drivers, which all decide through
+:mod:`draftwise.decide`: a change to what any of them decides shows here first.
 """
 
 from __future__ import annotations

@@ -272,6 +272,9 @@ class ProposerCore:
                            trim_models=True)
 
     def _draft(self, state: RequestState, limits: Limits, load: int | None = None) -> list[int]:
+        """The request's draft this step: the lookups its learner watches propose, the learner
+        chooses within the load's ``limits`` (``load``: the step's requests, for a context that
+        holds their bucket), the arm drafts; a draft of a watched lookup is reused, cut."""
         start = self.clock()
         budget = self._budget(state, min(limits.cap, self.draft_len))
         if budget == 0:
