@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import sys
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 from draftwise.bench import batched
 from draftwise.cli import main
+from draftwise.decide import Limits
 from draftwise.engine import batch
 from draftwise.step_costs import StepCostModel, StepShape, length_cap
 
@@ -43,7 +45,7 @@ SWITCHES = {"~nocut": "cut_width", "~rowprefill": "share_prefill", "~noscout": "
 _off: set[str] = set()  # the switches the running method turns off
 _init = batch.BatchEngine.__init__
 _build = batched.build_runner
-_unaffordable = batch.BatchEngine._unaffordable
+_limits = batch.BatchEngine._limits
 
 
 class _TrustPrior(StepCostModel):
@@ -67,9 +69,9 @@ def _engine_init(self: Any, *args: Any, **kwargs: Any) -> None:
         self.costs.draft_cost_known = True
 
 
-def _engine_unaffordable(self: Any, requests: int, cap: int) -> frozenset[int]:
-    blocked = _unaffordable(self, requests, cap)
-    return blocked | self.model_arms if "models" in _off else blocked
+def _engine_limits(self: Any, requests: int) -> Limits:
+    limits = _limits(self, requests)
+    return replace(limits, blocked=limits.blocked | self.book.models) if "models" in _off else limits
 
 
 def _build_runner(bench: Any, spec: str, length_drafter: str) -> Any:
@@ -90,6 +92,6 @@ def _build_runner(bench: Any, spec: str, length_drafter: str) -> Any:
 
 if __name__ == "__main__":
     batch.BatchEngine.__init__ = _engine_init  # type: ignore[method-assign]
-    batch.BatchEngine._unaffordable = _engine_unaffordable  # type: ignore[method-assign]
+    batch.BatchEngine._limits = _engine_limits  # type: ignore[method-assign]
     batched.build_runner = _build_runner
     main(sys.argv[1:])

@@ -345,7 +345,7 @@ def test_the_shared_learner_hears_the_rounds_its_lanes_heard(tiny_models) -> Non
     lane = session.engine.lanes[0]
     session.run()
     first = handle.result.trace[0]
-    heard = next(r for _, _, r in lane.engine.history if r.index == 0 and r.arm == first.arm)
+    heard = next(r for _, _, r in lane.query.decider.history if r.index == 0 and r.arm == first.arm)
     assert heard is not first and heard.verify_s < first.verify_s  # the prefill stayed out
 
 
@@ -391,6 +391,14 @@ def test_the_load_cap_waits_until_a_draft_token_cost_is_measured(tiny_models) ->
     assert gen.batch_session(2).engine.costs is session.engine.costs  # measured once per generator
 
 
+def _unaffordable(engine: Any, requests: int, cap: int) -> frozenset[int]:
+    """The arms no lane may play at this load with every draft capped at ``cap`` (draftwise.decide)."""
+    from draftwise.decide import limits_at, model_cap
+
+    models = model_cap(engine.costs, engine.book, requests, engine.cap_acceptance, engine.model_summary)
+    return limits_at(engine.book, cap, models).blocked
+
+
 def test_model_drafter_arms_are_blocked_where_their_tokens_cannot_pay(tiny_models) -> None:
     """Once a model drafter's tokens are known to cost more than any draft of theirs can earn at
     this load (here: a second each), no lane plays its arm; UCB skips it, lookups stay open. The
@@ -400,15 +408,15 @@ def test_model_drafter_arms_are_blocked_where_their_tokens_cannot_pay(tiny_model
                      arms="llama-twin@4,pld@4,none")
     prompts = [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]] * 3
     session = gen.batch_session(3)
-    assert session.engine.model_arms == frozenset({0})
+    assert session.engine.book.models == frozenset({0})
     session.engine.model_token_s.extend([1.0] * 4)
     handles = [session.add(p, max_new_tokens=16, ignore_eos=True) for p in prompts]
     session.run()
     assert all(r.arm_name != "llama-twin@4" for h in handles for r in h.result.trace)
-    assert session.engine._unaffordable(3, cap=8) == frozenset({0})  # the lookup's arm stays open
+    assert _unaffordable(session.engine, 3, cap=8) == frozenset({0})  # the lookup's arm stays open
     for prompt, handle in zip(prompts, handles):
         assert_exact(gen.model, prompt, handle.result.token_ids, 16, frozenset(), "blocked model arm")
-    assert gen.batch_session(3).engine._unaffordable(3, cap=8) == frozenset({0})  # the cost stays with the generator
+    assert _unaffordable(gen.batch_session(3).engine, 3, cap=8) == frozenset({0})  # the cost stays with the generator
     fresh = _generator(tiny_models, "llama-target", [drafter, "pld"], "ucb:keep=true,reward=throughput",
                        arms="llama-twin@4,pld@4,none")
     free = fresh.batch_session(3)  # nothing measured yet: model arms are tried
@@ -427,9 +435,9 @@ def test_model_drafter_arms_are_blocked_where_their_tokens_cannot_pay(tiny_model
     spiky = _generator(tiny_models, "llama-target", [drafter, "pld"], "ucb:keep=true,reward=throughput",
                        arms="llama-twin@4,pld@4,none").batch_session(1).engine
     spiky.model_token_s.extend([0.5, 1e-6, 1e-6, 1e-6])
-    assert spiky._unaffordable(1, cap=8) == frozenset({0})
+    assert _unaffordable(spiky, 1, cap=8) == frozenset({0})
     spiky.mean_model_cost = False
-    assert spiky._unaffordable(1, cap=8) == frozenset()
+    assert _unaffordable(spiky, 1, cap=8) == frozenset()
 
 
 def test_one_length_for_the_batch_learns_every_shorter_length_from_each_round(tiny_models) -> None:
@@ -443,8 +451,8 @@ def test_one_length_for_the_batch_learns_every_shorter_length_from_each_round(ti
     session.run()
     engine = session.engine
     played = engine.batch_records
-    learners = engine.batch_learners.values()
-    assert sorted(engine.batch_learners) == [0, 1]  # rounds of 3 rows, and the tail's of 1
+    learners = engine.load_learners.learners.values()
+    assert sorted(engine.load_learners.learners) == [0, 1]  # rounds of 3 rows, and the tail's of 1
     lengths = [arm.draft_len for arm in engine.arms]
     assert sum(p.t for p in learners) == len(played)
     for arm, length in enumerate(lengths):

@@ -9,6 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from draftwise.decide import Limits, limits_at, model_cap
 from draftwise.errors import DraftwiseError
 from draftwise.policies.contextual import contextual_spec
 from draftwise.step_costs import StepCostModel, StepShape, attribute, length_cap
@@ -223,7 +224,7 @@ def test_model_drafters_run_on_the_drafter_bank():
     drafter = state.drafters[0]
     assert drafter.bank is not None and isinstance(drafter.lm, BankLM)
     assert core.pool.templates[0].bank is None  # the template stays as loaded
-    assert len(core._draft(state, 0, 8)) == 4
+    assert len(core._draft(state, Limits(8))) == 4
 
 
 def test_model_drafts_are_capped_where_their_drafting_does_not_pay():
@@ -233,15 +234,22 @@ def test_model_drafts_are_capped_where_their_drafting_does_not_pay():
     requests before this)."""
     core, _ = make(ProposerOptions(drafters=("suffix", "zoo:generalist"), log_requests=False))
     core.costs.coef = np.array([*COST, 0.0])
-    assert core.model_arms == {i for i, a in enumerate(core.arms) if a.name.startswith("generalist")}
-    assert core._model_cap(16) == 4  # its cost not measured yet: the arm's own length
+
+    def models_cap(requests: int) -> int:
+        return model_cap(core.costs, core.book, requests, core.options.cap_acceptance)
+
+    def limits(requests: int) -> Limits:  # the drafts' cap at 8, the model drafts' at this load
+        return limits_at(core.book, 8, models_cap(requests), trim_models=True)
+
+    assert core.book.models == {i for i, a in enumerate(core.arms) if a.name.startswith("generalist")}
+    assert models_cap(16) == 4  # its cost not measured yet: the arm's own length
     core.costs.model_token_s.extend([9e-4] * 4)  # 0.9 ms a drafted token, as inside vLLM on a 2-core CPU
-    assert core._model_cap(1) == 4 and 0 < core._model_cap(2) < 4 and core._model_cap(16) == 0
+    assert models_cap(1) == 4 and 0 < models_cap(2) < 4 and models_cap(16) == 0
     state = core._start("x", continuation(3, 40), 20)
-    state.policy.select = lambda: next(iter(core.model_arms))  # a learner that wants the model arm
-    assert core._draft(state, 0, 8, core._model_cap(16)) == [] and state.pending.arm_name == "none"
-    assert len(core._draft(state, 0, 8, core._model_cap(2))) == core._model_cap(2)
-    assert len(core._draft(state, 0, 8, core._model_cap(1))) == 4  # alone it drafts its whole length
+    state.decider.policy.select = lambda: next(iter(core.book.models))  # a learner that wants the model arm
+    assert core._draft(state, limits(16)) == [] and state.pending.arm_name == "none"
+    assert len(core._draft(state, limits(2))) == models_cap(2)
+    assert len(core._draft(state, limits(1))) == 4  # alone it drafts its whole length
 
 
 # -- rows and requests --------------------------------------------------------------------------------
@@ -288,9 +296,9 @@ def test_a_pick_arm_drafts_the_longest_lookup_draft(tmp_path):
     drafted = []
     original_draft = core._draft
 
-    def draft_spy(state, bucket, cap, model_cap=8):
+    def draft_spy(state, limits, load=None):
         lengths.clear()
-        tokens = original_draft(state, bucket, cap, model_cap)
+        tokens = original_draft(state, limits, load)
         if state.pending is not None and state.pending.arm == 0:
             drafted.append((len(tokens), max(n for _, n in lengths)))
         return tokens
@@ -361,7 +369,7 @@ def test_batch_mode_picks_one_length_per_step():
     assert core.lengths == (0, 2, 4, 8)
     _, outputs = serve(core, clock, batch=4, n_req=8)
     assert len(outputs) == 8
-    learners = core.batch_learners.values()
+    learners = core.load_learners.learners.values()
     assert sum(p.t for p in learners) > 10  # one learner per load bucket, fed once per step
     # every step also teaches each shorter length than the one played (side observations)
     for p in learners:

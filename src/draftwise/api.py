@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from draftwise.arms import ArmSettings, build_arms, lookups_among
+from draftwise.arms import ArmSettings, build_arms
 from draftwise.cached_lm import CachedLM
+from draftwise.decide import make_learner
 from draftwise.drafter_bank import attach_banks
 from draftwise.drafters import Drafter, build_drafters
 from draftwise.engine import Engine, QueryOutcome, QuerySettings, StopCheck
 from draftwise.errors import DraftwiseError
 from draftwise.loading import LoadOptions, context_limit, load_causal_lm
-from draftwise.policies import POLICIES, PRESETS, make_policy
-from draftwise.policies.contextual import contextual_spec
+from draftwise.policies import POLICIES, PRESETS
 from draftwise.pools import DEFAULT_TARGET, default_drafters
 from draftwise.step_costs import StepCostModel
 from draftwise.trace import GenerationResult, summarize
@@ -90,8 +90,7 @@ class Generator:
         layout, settings = arm_settings(policy, draft_len, arms, max_draft, stops, arm_drafter)
         self.arms = build_arms(layout, self.drafters, settings)
         self.policy_spec = policy
-        self.policy = make_policy(contextual_spec(policy, lookups_among(self.arms, self.drafters)),
-                                  [a.name for a in self.arms], np.random.default_rng(seed))
+        self.policy = make_learner(policy, self.arms, self.drafters, np.random.default_rng(seed))
         self.engine = Engine(self.target, self.drafters, self.arms, self.policy)
         # What a batched step costs on this target and device: learned once, shared by every batch session
         self.step_costs = StepCostModel()

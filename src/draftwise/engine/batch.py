@@ -23,7 +23,7 @@ one token for a plain row's share of the forward (``credit_plain``; the vLLM pro
 which matters under load, where a query's LM drafting holds up the whole batch. And every lane's
 draft is cut to the length that pays most at this batch size for a drafter accepting each token
 with probability ``cap_acceptance`` (0.9; the vLLM proposer's load cap,
-:func:`~draftwise.step_costs.length_cap`); where no length pays, every drafting arm is blocked for
+:func:`~draftwise.decide.load_limits`); where no length pays, every drafting arm is blocked for
 the round and each lane plays ``none``. On the dev set it gave +3 % / +5 % tokens/s to the
 default at B = 16 / 32 (2026-11-25, one run each, within noise) and nothing at B = 1.
 
@@ -37,26 +37,25 @@ Two ways to decide (``decide``):
   shorter lengths it reveals (``shorter_arms``).
 
 With the learner's ``keep`` a finished lane's rounds are replayed into the shared learner
-(:func:`~draftwise.policies.base.replay`), so later queries start from what earlier ones learned.
+(:func:`~draftwise.decide.warm_start`), so later queries start from what earlier ones learned.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import statistics
-import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from draftwise.arms import Arm, model_arms
+from draftwise.arms import Arm
 from draftwise.batched_lm import BatchedLM, RowLM
 from draftwise.coupling import CoupledDraw, DrawJob, NoiseScreen, coupled_draws
+from draftwise.decide import NO_LIMITS, Limits, LoadLearners, arm_book, copy_learner, load_limits, warm_start
 from draftwise.draft import Draft
 from draftwise.drafter_bank import attach_banks
 from draftwise.drafters.pool import DrafterPool
@@ -64,17 +63,14 @@ from draftwise.engine.loop import Engine, Planned, QueryOutcome
 from draftwise.engine.query import QuerySettings, QueryState
 from draftwise.engine.routing import PromptFit, RouteMemory
 from draftwise.policies import Policy, make_policy
-from draftwise.policies.base import replay
 from draftwise.step_costs import (
     MODEL_COST_KNOWN,
+    CutRound,
     DraftSurvival,
     StepCostModel,
     StepShape,
     best_width,
-    cut_round,
-    load_bucket,
     measured_shares,
-    model_draft_cap,
 )
 from draftwise.trace import RoundRecord
 
@@ -156,12 +152,10 @@ class BatchEngine:
         # out). Every play counts, a draft cut to 0 by the padded width too: counting only drafted
         # ones kept the cost unknown on an H200, and lanes went on trying model arms at 32 rows
         # (0.84× plain decoding; 1.17× once measured). Under load they are blocked for every lane
-        # (``_unaffordable``).
-        self.model_arms = model_arms(self.arms, self.pool.templates)
+        # (``_limits``).
+        self.book = arm_book(self.arms, self.pool.templates, policy.context_on)
         self.mean_model_cost = True  # off: the median of recent plays, which leaves first plays out (A/B switch)
-        self.drafting_arms = frozenset(a for a, arm in enumerate(self.arms) if arm.drafter is not None)
-        self.longest_draft = max((arm.draft_len for arm in self.arms), default=0)
-        self.longest_model_draft = max((self.arms[a].draft_len for a in self.model_arms), default=0)
+        self.longest_draft = self.book.longest
         self.fast_drafters = fast_drafters
         self.head_dtype = head_dtype
         self.prompt_fit = prompt_fit
@@ -172,7 +166,7 @@ class BatchEngine:
         self.timing = BatchTiming()
         self.batch_records: list[RoundRecord] = []  # decide="batch": the batch learner's rounds
         self.shorter = shorter_arms(self.arms)  # decide="batch": the side observations of each arm
-        self.batch_learners: dict[int, Policy] = {}  # decide="batch": one learner per load bucket
+        self.load_learners = LoadLearners(policy)  # decide="batch": one learner per load bucket
 
     # -- lanes ----------------------------------------------------------------------------------------
     def join(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator | None,
@@ -211,10 +205,9 @@ class BatchEngine:
             drafters = self.pool.copies()
             if self.fast_drafters:
                 attach_banks(drafters, self.head_dtype)
-            engine = Engine(row, drafters, self.arms, self._lane_policy(seed), self.prompt_fit, self.routes)
+            engine = Engine(row, drafters, self.arms, self._lane_policy(seed), self.prompt_fit, self.routes,
+                            keep_rounds=self.decide == "query" and self.policy.keep)
             engine.noise_screen = self.noise_screen  # one screen learns from every lane
-            if self.decide == "query" and self.policy.keep:
-                engine.history = []
             query, prefill_s, setup_s = engine.start(prompt, settings, generator)
         except BaseException:
             self.target.drop_row(row)
@@ -250,9 +243,7 @@ class BatchEngine:
     def _lane_policy(self, seed: int) -> Policy:
         if self.decide == "batch":  # the batch learner decides; a lane only follows
             return make_policy("fixed:arm=0", [a.name for a in self.arms], np.random.default_rng(seed))
-        policy = copy.deepcopy(self.policy)
-        policy.rng = np.random.default_rng(seed)
-        return policy
+        return copy_learner(self.policy, np.random.default_rng(seed))
 
     def leave(self, lane: Lane, stopped_by: str | None = None) -> QueryOutcome:
         """Remove a query (finished, or cancelled between rounds): deliver its pending feedback, add
@@ -263,8 +254,7 @@ class BatchEngine:
             query.stopped_by = stopped_by
         lane.engine.finish(query, end_drafters=False)
         self.pool.finish(query.context, query.prompt_len, lane.engine.drafters)
-        if lane.engine.history is not None:
-            replay(self.policy, lane.engine.history)
+        warm_start(self.policy, query.decider)
         self.target.drop_row(lane.row)
         self.lanes.remove(lane)
         extra = 1 if query.prompt_len > 1 else 0  # the prompt's own forward
@@ -295,23 +285,20 @@ class BatchEngine:
     def _round(self, lanes: list[Lane]) -> list[Lane]:
         clock = time.perf_counter
         start = clock()
-        learner = self._batch_learner(len(lanes)) if self.decide == "batch" else None
-        forced = learner.select() if learner is not None else None
-        cap = self._length_cap(len(lanes)) if forced is None else sys.maxsize
-        blocked = self._unaffordable(len(lanes), cap) if forced is None else frozenset()
-        self.timing.capped_rounds += cap == 0 and bool(self.drafting_arms)
+        bucket, forced = self.load_learners.choose(len(lanes)) if self.decide == "batch" else (0, None)
+        limits = self._limits(len(lanes)) if forced is None else NO_LIMITS
+        self.timing.capped_rounds += limits.cap == 0 and bool(self.book.drafting)
         # While a model drafter's cost is unknown, one lane a round may try it: lanes that start
         # together are copies of one learner and would all pick it in the same round, each
         # drafting (routing, a prefill: ≈ 25 ms on CPU) while every row waits.
         scout = self.scout_models and forced is None and len(lanes) > 1 and len(self.model_token_s) < MODEL_COST_KNOWN
         plans = []
+        models = self.book.models
         for lane in lanes:
             self.pool.refresh(lane.engine.drafters)
-            lane.engine.length_cap = cap
-            lane.engine.policy.blocked = blocked
-            plan = lane.engine.plan(lane.query, forced)
-            if scout and plan.arm in self.model_arms:
-                blocked = blocked | self.model_arms
+            plan = lane.engine.plan(lane.query, forced, limits=limits)
+            if scout and plan.arm in models:
+                limits = replace(limits, blocked=limits.blocked | models)
             plans.append(plan)
         chains = all(plan.draft.parents is None for plan in plans)
         # per-query lanes: the padded width is theirs (once a draft token's cost is measured)
@@ -346,16 +333,16 @@ class BatchEngine:
                 record.verify_s += lane.prefill_s
                 record.draft_s += lane.setup_s
             elif forced is None and self.credit_plain:
-                lane.engine.credit_plain(plan, record, plain_share)
-            if plan.arm in self.model_arms:  # a draft cut to 0 still paid for its drafting
+                lane.engine.credit_plain(lane.query, plan, record, plain_share)
+            if plan.arm in models:  # a draft cut to 0 still paid for its drafting
                 self.model_token_s.append(plan.draft_s / max(spent, 1))
             records.append(record)
         if measure:
             self.survival.observe([(r.drafted, r.accepted) for r in records])
         timing = self.timing
-        if learner is not None and forced is not None:
+        if forced is not None:
             learned = clock()
-            self._batch_feedback(learner, forced, chains, records, learned - start - seconds)
+            self._learn_batch(bucket, forced, chains, records, learned - start - seconds)
             timing.policy_s += clock() - learned
         timing.rounds += 1
         timing.rounds_s += clock() - start
@@ -382,42 +369,22 @@ class BatchEngine:
         self.timing.width_cuts += 1
         return [plan if n <= width else cut_plan(plan, width) for plan, n in zip(plans, lengths)]
 
-    def _length_cap(self, requests: int) -> int:
-        """Per-query decisions: every lane's draft is cut to the length that pays most at this load
-        for a drafter accepting each token with ``cap_acceptance`` (the vLLM proposer's cap); at 0,
-        no lane drafts. ``cap_acceptance`` 0 turns the cap off."""
-        if self.cap_acceptance <= 0:
-            return sys.maxsize
-        return self.costs.cap(requests, self.longest_draft, self.cap_acceptance)  # probes while c is unknown
+    @property
+    def model_summary(self) -> Callable[[Sequence[float]], float]:
+        """How a model drafter's recent plays make its cost per token (``mean_model_cost``)."""
+        return statistics.fmean if self.mean_model_cost else statistics.median
 
-    def _unaffordable(self, requests: int, cap: int) -> frozenset[int]:
-        """Arms no lane may play this round: every drafting arm where no length pays at all
-        (``cap`` 0), else the model-drafter arms when no draft length of theirs pays even for a
-        drafter accepting ``cap_acceptance`` of its tokens — a lane's model drafting costs its
-        tokens' verification *and* their forwards, run lane by lane while every row waits."""
-        if cap == 0:
-            return self.drafting_arms
-        if not self.model_arms:
-            return frozenset()
-        summary = statistics.fmean if self.mean_model_cost else statistics.median
-        if model_draft_cap(self.costs.coef, requests, self.longest_model_draft, self.cap_acceptance,
-                           self.model_token_s, summary) > 0:
-            return frozenset()
-        return self.model_arms
+    def _limits(self, requests: int) -> Limits:
+        """Per-query decisions: what this load allows every lane (:func:`~draftwise.decide.
+        load_limits`): drafts cut to the length that pays most for a drafter accepting each token
+        with ``cap_acceptance`` (0 turns the cap off), and where none pays every drafting arm
+        blocked; the model-drafter arms blocked when no draft length of theirs pays even for such a
+        drafter — a lane's model drafting costs its tokens' verification *and* their forwards, run
+        lane by lane while every row waits."""
+        return load_limits(self.costs, self.book, requests, self.cap_acceptance, summary=self.model_summary)
 
-    def _batch_learner(self, rows: int) -> Policy:
-        """``decide="batch"``: the learner of this load (:func:`~draftwise.step_costs.load_bucket` of
-        the rows in the round; a fresh copy of the shared learner the first time). The best length
-        moves with the load — drafting is nearly free at one row and costs a row's step per token
-        when the forward is compute-bound — and a continuous batch runs at many loads (its tail
-        drains to one row): one learner over all of them would average those regimes."""
-        bucket = load_bucket(rows)
-        if bucket not in self.batch_learners:
-            self.batch_learners[bucket] = copy.deepcopy(self.policy)
-        return self.batch_learners[bucket]
-
-    def _batch_feedback(self, learner: Policy, arm: int, chains: bool, records: list[RoundRecord],
-                        overhead_s: float) -> None:
+    def _learn_batch(self, bucket: int, arm: int, chains: bool, records: list[RoundRecord],
+                     overhead_s: float) -> None:
         """``decide="batch"``: the batch learner's reward is the round's throughput per row in plain
         steps — tokens per row ÷ (the round's time ÷ a plain round's), the time being the cost
         model's forward for this shape plus the round's measured drafting and bookkeeping. On that
@@ -426,22 +393,22 @@ class BatchEngine:
 
         A chain draft of length k also tells what every shorter length of the same drafter would
         have done (the same tokens, cut: min(accepted, j) of j accepted, a shorter forward): each
-        arm in ``shorter[arm]`` gets that round as a side observation."""
+        arm in ``shorter[arm]`` gets that round as a side observation
+        (:meth:`~draftwise.decide.LoadLearners.learn`)."""
         a, b, c = (float(v) for v in self.costs.coef[:3])
         rows = len(records)
         plain_row = (a + b * rows) / rows
+        index = len(self.batch_records)
+
+        def record_of(played: int, cut: CutRound) -> RoundRecord:
+            return RoundRecord(index=index, arm=played, arm_name=self.arms[played].name,
+                               max_draft=self.arms[played].draft_len, drafted=cut.drafted, accepted=cut.accepted,
+                               emitted=cut.emitted, position=0,
+                               verify_s=(a + b * rows + c * rows * cut.width + overhead_s) / plain_row)
+
         outcomes = [(r.drafted, r.accepted, r.emitted) for r in records]
-        for played, length in [(arm, None), *(self.shorter[arm] if chains else ())]:
-            cut = cut_round(outcomes, length)
-            record = RoundRecord(index=len(self.batch_records), arm=played, arm_name=self.arms[played].name,
-                                 max_draft=self.arms[played].draft_len, drafted=cut.drafted, accepted=cut.accepted,
-                                 emitted=cut.emitted, position=0,
-                                 verify_s=(a + b * rows + c * rows * cut.width + overhead_s) / plain_row)
-            if played == arm:
-                record.reward = learner.update(arm, record)
-                self.batch_records.append(record)
-            else:
-                learner.side_update(played, record)
+        reveals = self.shorter[arm] if chains else []
+        self.batch_records.append(self.load_learners.learn(bucket, arm, outcomes, reveals, record_of))
 
 
 PREFILL_SLACK = 1.25  # a shared prompt forward may compute up to 25 % padding

@@ -7,9 +7,8 @@ round produces at least one token and the output is exactly what the target alon
 from __future__ import annotations
 
 import logging
-import sys
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,6 +16,7 @@ import torch
 
 from draftwise.arms import Arm
 from draftwise.coupling import CoupledDraw, NoiseScreen, coupled_scores
+from draftwise.decide import NO_LIMITS, Choice, Limits, QueryDecider, arm_book
 from draftwise.drafters import Draft, Drafter, StopRule, make_stop_rule
 from draftwise.engine import evaluation
 from draftwise.engine.query import QuerySettings, QueryState, new_query
@@ -43,15 +43,19 @@ class QueryOutcome:
 
 @dataclass
 class Planned:
-    """A round up to its target forward: the arm, its draft, and what choosing and drafting took."""
+    """A round up to its target forward: the arm (and its context), its draft, and what choosing
+    and drafting took."""
 
-    arm: int
+    choice: Choice
     draft: Draft
     budget: int  # the draft budget (max tokens) of the round
     policy_s: float
     draft_s: float
-    key: Hashable | None = None  # the context the arm was chosen in (contextual policies)
     noises: list[float] | None = None  # coupled sampling: each point-mass draft token's own noise (the screen's)
+
+    @property
+    def arm(self) -> int:
+        return self.choice.arm
 
 
 @dataclass
@@ -68,7 +72,8 @@ class Engine:
     """Runs queries with one target, a pool of drafters, a list of arms and a policy."""
 
     def __init__(self, target: Any, drafters: Sequence[Drafter], arms: Sequence[Arm], policy: Policy,
-                 prompt_fit: PromptFit = PromptFit(), routes: RouteMemory | None = None) -> None:
+                 prompt_fit: PromptFit = PromptFit(), routes: RouteMemory | None = None,
+                 keep_rounds: bool = False) -> None:
         self.target = target
         self.drafters = list(drafters)
         self.arms = list(arms)
@@ -77,23 +82,17 @@ class Engine:
         # What routing learned across queries (a batch's lanes share their generator's)
         self.routes = routes if routes is not None else RouteMemory()
         self.hidden = HiddenStateFeed(target, self.drafters)
-        # Contextual policies see, before each choice, which of the drafters they name have a
-        # proposal: one entry per name (None: not in the pool, never proposes); none in the pool,
-        # no context at all.
-        names = [d.name for d in self.drafters]
-        named = [names.index(n) if n in names else None for n in getattr(policy, "context_on", ())]
-        self.context_drafters = named if any(i is not None for i in named) else []
+        # What the decisions need of the arms: the no-speculation arm, the model arms, the lookups a
+        # contextual learner watches before each choice (draftwise.decide)
+        self.book = arm_book(self.arms, self.drafters, getattr(policy, "context_on", ()))
+        # Keep each query's rounds as its learner heard them, for replay into another learner (a
+        # batched query's learner is a copy; see draftwise.engine.batch)
+        self.keep_rounds = keep_rounds
         self.last_query: QueryState | None = None  # the latest query (its routed drafters, for inspection)
-        # With a list here, every round's (context, arm, record) is kept for replay into another
-        # learner (a batched query's learner is a copy; see draftwise.engine.batch).
-        self.history: list[tuple[Hashable | None, int, RoundRecord]] | None = None
         self.lasting_rules: dict[int, StopRule] = {}  # arm → a stopping rule that learns across queries
-        # The no-speculation arm, and what its rounds cost, for learners that hear it every round
-        self.none_arm = next((i for i, arm in enumerate(self.arms) if arm.drafter is None), None)
-        hears = self.none_arm is not None and policy.hears_plain and not policy.full_information
+        # What a plain round costs, for learners that hear every round what ``none`` would have earned
+        hears = self.book.none is not None and policy.hears_plain and not policy.full_information
         self.plain_rounds = PlainRounds() if hears else None
-        # A batch's load-aware cap on every draft (draftwise.step_costs.length_cap); alone: none
-        self.length_cap = sys.maxsize
         # Coupled sampling: cut a lookup's draft where its own noise says it would be rejected
         # (draftwise.coupling.NoiseScreen; None turns it off). Speed only: the noise decides the text.
         self.noise_screen: NoiseScreen | None = NoiseScreen()
@@ -103,10 +102,10 @@ class Engine:
               generator: torch.Generator | None) -> tuple[QueryState, float, float]:
         """A new query: its state, its prompt's prefill and routing. Returns the state and the
         seconds spent on the target (a white-box prefill) and on the drafters (routing, prior)."""
-        self.policy.begin_query()
+        decider = QueryDecider(self.book, self.policy, keep_rounds=self.keep_rounds)
         rules = [self._stop_rule(a) for a in range(len(self.arms))]
         routed = [a for a, arm in enumerate(self.arms) if arm.route]
-        query = new_query(prompt, settings, generator, [arm.drafter for arm in self.arms], routed, rules)
+        query = new_query(prompt, settings, generator, [arm.drafter for arm in self.arms], routed, rules, decider)
         self.last_query = query
         for drafter in self.drafters:
             drafter.begin_query(query.context)
@@ -159,8 +158,8 @@ class Engine:
     def finish(self, query: QueryState, end_drafters: bool = True) -> None:
         """The query is over: deliver feedback still pending (when the state outlives the query), and
         tell the drafters (unless they are a batched query's copies: their pool is told)."""
-        if query.pending and getattr(self.policy, "keep", False):
-            evaluation.deliver(self.drafters, self.policy, query)
+        if query.pending and getattr(query.decider.policy, "keep", False):
+            evaluation.deliver(self.drafters, query.decider.policy, query)
         if query.route_fits and query.stopped_by != "interrupted" and not query.settings.sampling.greedy:
             start = time.perf_counter()
             learn_route(self.prompt_fit, self.drafters, self.routes, query.context, query.prompt_len,
@@ -183,7 +182,7 @@ class Engine:
         (also appended to ``query.records``); sets ``query.stopped_by`` when the query ends here."""
         plain = self.plain_rounds
         calibrate = plain is not None and bool(query.records) and plain.due()
-        planned = self.plan(query, self.none_arm if calibrate else None, in_context=calibrate)
+        planned = self.plan(query, self.book.none if calibrate else None, in_context=calibrate)
         start = time.perf_counter()
         logits = self._target_logits(query, planned.draft)
         record = self.conclude(query, planned, logits, time.perf_counter() - start)
@@ -191,24 +190,27 @@ class Engine:
             plain.observe(record.seconds, record.drafted)
             seconds = plain.seconds()
             if seconds is not None:
-                self.credit_plain(planned, record, seconds)
+                self.credit_plain(query, planned, record, seconds)
         return record
 
-    def plan(self, query: QueryState, arm_index: int | None = None, in_context: bool = False) -> Planned:
-        """Select an arm (unless the batch chose one for every query) and draft: everything a round
+    def plan(self, query: QueryState, arm_index: int | None = None, in_context: bool = False,
+             limits: Limits = NO_LIMITS) -> Planned:
+        """Choose an arm (unless the batch chose one for every query) and draft: everything a round
         does before its target forward. ``in_context``: ``arm_index`` is imposed on the learner (a
-        calibration round), which still learns it in this round's context."""
+        calibration round), which still learns it in this round's context; ``limits``: what a
+        batch's load allows this round."""
         t0 = time.perf_counter()
-        key = None
         query.dctx.position = len(query.context)  # coupled sampling: where this round's draft starts
         proposed: dict[tuple[int, int], Draft] = {}
         lookup_s = 0.0
         if arm_index is None or in_context:
-            arm_index, key, lookup_s = self._select(query, proposed, arm_index)
+            choice, lookup_s = self._choose(query, proposed, limits, arm_index)
+        else:
+            choice = Choice(arm_index)
         t1 = time.perf_counter()
-        draft, budget = self._draft(query, arm_index, proposed)
+        draft, budget = self._draft(query, choice.arm, limits, proposed)
         draft, noises = self._screen(query, draft)
-        return Planned(arm_index, draft, budget, t1 - t0 - lookup_s, time.perf_counter() - t1 + lookup_s, key, noises)
+        return Planned(choice, draft, budget, t1 - t0 - lookup_s, time.perf_counter() - t1 + lookup_s, noises)
 
     def target_input(self, query: QueryState, draft: Draft) -> Any:
         """The round's forward for a batched target row (:class:`~draftwise.batched_lm.RowLM`)."""
@@ -239,28 +241,16 @@ class Engine:
         rule = query.rules[arm_index]
         if rule is not None:
             rule.after_costs(record.drafted, record.draft_s, forward_s)
-        if self.history is not None:
-            # a copy: the record is charged later with the prompt's prefill (round 1), which the
-            # learner never heard and a replay must not either
-            self.history.append((planned.key, arm_index, record.snapshot()))
-        self._feedback(query, record, before, new, verified)
+        self._feedback(query, planned.choice, record, before, new, verified)
         return record
 
-    def credit_plain(self, planned: Planned, record: RoundRecord, seconds: float) -> None:
-        """Tell a bandit learner what the no-speculation arm would have earned in this round, known
-        without playing it: one token for ``seconds`` (a plain row's share of the forward). Learners
-        then compare every drafting arm with an exact ``none`` from round one instead of paying to
-        find it; the counterfactual joins the history like a played round."""
-        arm = self.none_arm
-        if arm is None or arm == record.arm or self.policy.full_information:
-            return
+    def credit_plain(self, query: QueryState, planned: Planned, record: RoundRecord, seconds: float) -> None:
+        """Tell the learner what no speculation would have earned in this round: one token for
+        ``seconds`` (a plain round's cost, or a plain row's share of the forward;
+        :meth:`~draftwise.decide.QueryDecider.credit_plain`). Its work counts as the learner's."""
         start = time.perf_counter()
-        plain = RoundRecord(index=record.index, arm=arm, arm_name=self.arms[arm].name, max_draft=0, drafted=0,
-                            accepted=0, emitted=1, position=record.position, verify_s=seconds)
-        self.policy.update(arm, plain)
-        if self.history is not None:
-            self.history.append((planned.key, arm, plain))
-        record.policy_s += time.perf_counter() - start  # the learner's work, like its own round's update
+        query.decider.credit_plain(planned.choice, record, seconds)
+        record.policy_s += time.perf_counter() - start
 
     def _target_logits(self, query: QueryState, draft: Draft) -> torch.Tensor:
         """3. one target forward over the draft (chain or tree): rows after the context and after
@@ -269,52 +259,45 @@ class Engine:
             return self.target.logits(query.context + draft.tokens, len(draft.tokens) + 1)  # (n + 1, V)
         return self.target.tree_logits(query.context, draft.tokens, draft.parents)  # (n + 1, V)
 
-    def _select(self, query: QueryState, proposed: dict[tuple[int, int], Draft],
-                imposed: int | None = None) -> tuple[int, Hashable | None, float]:
-        """1. select an arm (a contextual policy first learns which lookups have a proposal here);
-        returns it (``imposed`` when given: the policy is not asked), the context it was chosen in
-        (None: no context) and the seconds the lookups took. Each lookup proposes at the budget of
-        the arm that would draft with it, and the draft is kept in ``proposed`` for that arm
-        (lookups are deterministic: the same draft)."""
-        if not self.context_drafters:
-            return (self._choose() if imposed is None else imposed), None, 0.0
+    def _choose(self, query: QueryState, proposed: dict[tuple[int, int], Draft], limits: Limits,
+                imposed: int | None) -> tuple[Choice, float]:
+        """1. choose an arm (:meth:`~draftwise.decide.QueryDecider.choose`): the lookups the learner's
+        context watches propose first, each at the budget of the arm that would draft with it, their
+        drafts kept in ``proposed`` for that arm (lookups are deterministic: the same draft). Returns
+        the choice and the seconds the lookups took."""
         start = time.perf_counter()
         lengths = []
-        for i in self.context_drafters:
+        for i in self.book.watched:
             if i is None:
                 lengths.append(0)
                 continue
-            budget = self._lookup_budget(query, i)
+            budget = self._lookup_budget(query, i, limits)
             draft = self.drafters[i].propose(query.context, budget, query.dctx)
             proposed[(i, budget)] = draft
             lengths.append(len(draft.tokens))
-        key = self.policy.context_key(tuple(lengths), query.generated)
         lookup_s = time.perf_counter() - start
-        self.policy.set_context(key)
-        return (self._choose() if imposed is None else imposed), key, lookup_s
+        choice = query.decider.choose(lengths, query.generated, limits, imposed)
+        assert choice is not None, "the engine's learners hear every round"
+        return choice, lookup_s
 
-    def _choose(self) -> int:
-        """The policy's arm, or ``none`` where it chose an arm the batch blocked this round."""
-        arm = self.policy.select()
-        return self.none_arm if arm in self.policy.blocked and self.none_arm is not None else arm
-
-    def _lookup_budget(self, query: QueryState, drafter: int) -> int:
+    def _lookup_budget(self, query: QueryState, drafter: int, limits: Limits) -> int:
         """The budget a context check proposes at: that of the first plain or pick arm drafting with
         this lookup (so its draft can be reused), else one token."""
-        arm = next((a for a in self.arms if drafter in a.lookups and a.stop is None and (a.pick or not a.also)), None)
-        return max(1, self._budget(query, arm)) if arm is not None else 1
+        arm = next((i for i, a in enumerate(self.arms)
+                    if drafter in a.lookups and a.stop is None and (a.pick or not a.also)), None)
+        return max(1, self._budget(query, arm, limits)) if arm is not None else 1
 
-    def _budget(self, query: QueryState, arm: Arm) -> int:
-        return min(arm.draft_len, self.length_cap, query.settings.max_new_tokens - query.generated - 1)
+    def _budget(self, query: QueryState, arm_index: int, limits: Limits) -> int:
+        return min(limits.length(arm_index, self.book), query.settings.max_new_tokens - query.generated - 1)
 
-    def _draft(self, query: QueryState, arm_index: int,
+    def _draft(self, query: QueryState, arm_index: int, limits: Limits = NO_LIMITS,
                proposed: dict[tuple[int, int], Draft] | None = None) -> tuple[Draft, int]:
         """2. draft, leaving room for the target's own token within max_new_tokens (a lookup's
         draft from the context check is reused when it was proposed at this budget)."""
         arm = self.arms[arm_index]
         if arm_index in query.unrouted:  # routed when first played (drafters' work: counted as drafting)
             self._route(query, [arm_index])
-        budget = self._budget(query, arm)
+        budget = self._budget(query, arm_index, limits)
         drafter = query.arm_drafter[arm_index]
         if drafter is None or budget <= 0:
             return Draft([]), budget
@@ -412,21 +395,22 @@ class Engine:
         self.hidden.share(query)
         return new
 
-    def _feedback(self, query: QueryState, record: RoundRecord, before: int, new: list[int],
+    def _feedback(self, query: QueryState, choice: Choice, record: RoundRecord, before: int, new: list[int],
                   verified: Verified) -> None:
-        """5. feedback. Bandit policies learn now; full-information ones once the evaluation phase
-        has scored every drafter on the verified tokens, which they may defer and batch
-        (HedgeSpec's skipping updates): deferred rounds are delivered later, in order."""
-        if self.policy.full_information:
+        """5. feedback (:meth:`~draftwise.decide.QueryDecider.learn`). Bandit policies learn now;
+        full-information ones once the evaluation phase has scored every drafter on the verified
+        tokens, which they may defer and batch (HedgeSpec's skipping updates): deferred rounds are
+        delivered later, in order."""
+        start = time.perf_counter()
+        query.decider.learn(choice, record)
+        record.policy_s += time.perf_counter() - start
+        policy = query.decider.policy
+        if policy.full_information:
             evaluation.queue_round(self.drafters, query, record, before, new, verified.logits, verified.target_probs)
-            if self.policy.wants_evaluation(record.index + 1, query.pending_tokens):
-                eval_s, policy_s = evaluation.deliver(self.drafters, self.policy, query)
+            if policy.wants_evaluation(record.index + 1, query.pending_tokens):
+                eval_s, policy_s = evaluation.deliver(self.drafters, policy, query)
                 record.eval_s += eval_s
                 record.policy_s += policy_s
-            return
-        start = time.perf_counter()
-        record.reward = self.policy.update(record.arm, record)
-        record.policy_s += time.perf_counter() - start
 
     # -- routing ------------------------------------------------------------------------------------
     def _route(self, query: QueryState, arms: list[int]) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draftwise.coupling import PositionNoise
+from draftwise.decide import QueryDecider
 from draftwise.drafters import DraftContext, StopRule
 from draftwise.trace import RoundRecord
 from draftwise.verify import Sampling
@@ -42,7 +43,8 @@ class QueryState:
     """One query's state: its tokens, settings, rounds, and what the engine's jobs keep for it.
 
     The engine's shared parts (target, drafters, arms, policy) never hold per-query state; a new
-    query is a new :class:`QueryState`, so nothing is reset by hand.
+    query is a new :class:`QueryState`, so nothing is reset by hand. Its learner's decisions go
+    through its :class:`~draftwise.decide.QueryDecider`.
     """
 
     context: list[int]  # prompt + generated so far
@@ -52,6 +54,7 @@ class QueryState:
     arm_drafter: list[int | None]  # each arm's drafter this query (a routed arm's is picked per query)
     unrouted: list[int]  # routed arms whose drafter is not picked yet
     rules: list[StopRule | None]  # each arm's stopping rule (stateful rules start afresh per query)
+    decider: QueryDecider  # which arm each round plays, and what the learner hears
     records: list[RoundRecord] = field(default_factory=list)
     pending: list[PendingRound] = field(default_factory=list)  # rounds awaiting the evaluation phase
     pending_tokens: int = 0
@@ -75,10 +78,11 @@ class QueryState:
 
 
 def new_query(prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator | None,
-              arm_drafter: list[int | None], routed: list[int], rules: list[StopRule | None]) -> QueryState:
+              arm_drafter: list[int | None], routed: list[int], rules: list[StopRule | None],
+              decider: QueryDecider) -> QueryState:
     noise = None
     if settings.sampling.coupled and not settings.sampling.greedy:
         assert generator is not None, "every sampled query has its generator"
         noise = PositionNoise(generator.initial_seed(), generator.device)
     dctx = DraftContext(settings.sampling, generator, settings.eos_ids, noise)
-    return QueryState(list(prompt), len(prompt), settings, dctx, list(arm_drafter), list(routed), rules)
+    return QueryState(list(prompt), len(prompt), settings, dctx, list(arm_drafter), list(routed), rules, decider)

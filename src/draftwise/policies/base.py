@@ -42,9 +42,9 @@ class Policy(ABC):
     # Hear, every drafted round, what the ``none`` arm would have earned (measured plain rounds;
     # the single-query engine plays one now and then to keep that measure): not in the papers.
     hears_plain: bool = False
-    # Arms the engine cannot afford this round (a batch's load makes a model drafter's tokens cost
-    # more than they can earn): learners that know how skip them; for the others the engine plays
-    # ``none`` instead, and they hear that.
+    # Arms the round cannot afford (a batch's load makes a model drafter's tokens cost more than
+    # they can earn), given for one ``select`` by the decision core (draftwise.decide): learners
+    # that know how skip them; for the others the round plays ``none`` instead, and they hear that.
     blocked: frozenset[int] = frozenset()
     # Contextual learners: names of drafters whose having a proposal this round is the context
     # (the engine asks them before each ``select`` and calls ``set_context``).

@@ -14,10 +14,8 @@ last step, plus one target token). :meth:`ProposerCore.step`
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -25,22 +23,23 @@ from typing import Any
 
 import numpy as np
 
-from draftwise.arms import NONE, Arm, lookups_among, model_arms
+from draftwise.arms import Arm
+from draftwise.decide import (
+    Choice,
+    Limits,
+    LoadLearners,
+    QueryDecider,
+    arm_book,
+    copy_learner,
+    load_limits,
+    make_learner,
+    warm_start,
+)
 from draftwise.drafters import DraftContext
 from draftwise.drafters.pool import DrafterPool
 from draftwise.errors import DraftwiseError
 from draftwise.policies import make_policy
-from draftwise.policies.base import replay
-from draftwise.policies.contextual import contextual_spec
-from draftwise.step_costs import (
-    StepCostModel,
-    StepShape,
-    attribute,
-    batch_times,
-    cut_round,
-    load_bucket,
-    model_draft_cap,
-)
+from draftwise.step_costs import CutRound, StepCostModel, StepShape, attribute, batch_times
 from draftwise.trace import RoundRecord
 from draftwise.vllm.batch_view import BatchView
 from draftwise.vllm.options import ProposerOptions
@@ -62,11 +61,7 @@ class EngineFacts:
     eos_ids: frozenset[int] = frozenset()
 
 
-def plain_record(record: RoundRecord, arm: int, name: str) -> RoundRecord:
-    """What the no-speculation arm would have done in ``record``'s round: one token, at the cost
-    of one plain step (1 unit in plain-step time)."""
-    return RoundRecord(index=record.index, arm=arm, arm_name=name, max_draft=0, drafted=0, accepted=0, emitted=1,
-                       position=record.position, verify_s=1.0)
+PLAIN_STEP = 1.0  # what a step without speculation costs in plain-step time
 
 
 class ProposerCore:
@@ -92,20 +87,13 @@ class ProposerCore:
             return
         layout = options.arms or default_arms(options.policy, drafters, self.draft_len)
         self.arms: list[Arm] = make_arms(layout, drafters, self.draft_len)
-        self.policy_spec = contextual_spec(options.policy, lookups_among(self.arms, drafters))
-        self.learner = make_policy(self.policy_spec, [a.name for a in self.arms], np.random.default_rng(options.seed))
+        self.learner = make_learner(options.policy, self.arms, drafters, np.random.default_rng(options.seed))
         if self.learner.full_information:
             raise DraftwiseError(f"policy {options.policy!r} needs full-information feedback (an evaluation "
                                  "phase), which the vLLM proposer does not run; use a bandit policy")
-        self.context_drafters = [self._drafter_index(n) for n in self.learner.context_on]
-        names = [a.name for a in self.arms]
-        # In plain-step units a round without speculation is worth exactly one token per unit:
-        # the no-speculation arm's outcome is known every round without playing it.
-        self.plain_arm = names.index(NONE) if NONE in names else None
-        self.none_arm = self.plain_arm if options.free_none else None
-        # Arms that draft with a model: a request's LM draft runs while every other request waits.
-        self.model_arms = model_arms(self.arms, drafters)
-        self.longest_model_draft = max((self.arms[i].draft_len for i in self.model_arms), default=0)
+        # the no-speculation arm, the model arms (a request's LM draft runs while every other
+        # request waits) and the lookups a contextual learner watches (draftwise.decide)
+        self.book = arm_book(self.arms, drafters, self.learner.context_on)
 
     # -- set-up ------------------------------------------------------------------------------
     def _init_batch(self) -> None:
@@ -118,14 +106,9 @@ class ProposerCore:
         self.batch_learner = make_policy(policy, names, np.random.default_rng(self.options.seed))
         if hasattr(self.batch_learner, "max_draft"):
             self.batch_learner.max_draft = max(self.lengths)
-        # one learner per load bucket (a copy of batch_learner; the best length moves with the load)
-        self.batch_learners: dict[int, Any] = {}
+        self.load_learners = LoadLearners(self.batch_learner)  # one learner per load bucket
         self.batch_pending: Pending | None = None
         self.arms = []
-
-    def _drafter_index(self, name: str) -> int | None:
-        names = [d.name for d in self.pool.templates]
-        return names.index(name) if name in names else None
 
     # -- the step ------------------------------------------------------------------------------
     def step(self, view: BatchView | None, sampled: Sequence[Sequence[int]], num_tokens: Any,
@@ -159,11 +142,10 @@ class ProposerCore:
         else:
             for row, state, drafted in verified:
                 self._feedback(state, len(sampled[row]), drafted, shape if live else None)
-            bucket = load_bucket(len(decode))
-            cap = self._cap(len(decode))
-            model_cap = self._model_cap(len(decode))
+            limits = self._limits(len(decode))
+            load = len(decode) if self.options.load_context else None
             for row, state in decode:
-                drafts[row] = self._draft(state, bucket, cap, model_cap) if cap else []
+                drafts[row] = self._draft(state, limits, load) if limits.cap else []
         return drafts
 
     def _shape(self, view: BatchView | None, ids: Sequence[str], sampled: Sequence[Sequence[int]],
@@ -225,10 +207,11 @@ class ProposerCore:
         state = RequestState(rid, prompt_len, tokens, last_seen=self.step_no)
         state.drafters = self.pool.for_request(prompt, banks=True)  # LM drafters: 4× faster than transformers' forward
         if self.options.mode == "request":
-            policy = copy.deepcopy(self.learner)
-            policy.rng = np.random.default_rng([self.options.seed, self.started])
-            policy.begin_query()
-            state.policy = policy
+            # a step where no arm can draft is a plain one its learner does not hear: every request
+            # pays the learner's work each step
+            state.decider = QueryDecider(
+                self.book, copy_learner(self.learner, np.random.default_rng([self.options.seed, self.started])),
+                keep_rounds=self.learner.keep, hear_idle=False)
             state.stops = stop_rules(self.arms)
             for i, arm in enumerate(self.arms):
                 if arm.route:
@@ -239,8 +222,8 @@ class ProposerCore:
 
     def _finish(self, state: RequestState) -> None:
         self.pool.finish(state.tokens, state.prompt_len, state.drafters)
-        if self.options.mode == "request" and self.learner.keep:
-            replay(self.learner, state.history)  # the warm start: as if requests ran one after another
+        if state.decider is not None:
+            warm_start(self.learner, state.decider)  # as if requests ran one after another
         stats = state.stats()
         self.finished.append(stats)
         if self.options.log_requests:
@@ -254,26 +237,19 @@ class ProposerCore:
         pending, state.pending = state.pending, None
         if pending is None or not pending.learner:
             return
-        if pending.arm in self.model_arms:  # what its drafting cost a token (a draft cut to 0 still paid)
+        if pending.arm in self.book.models:  # what its drafting cost a token (a draft cut to 0 still paid)
             self.costs.model_token_s.append(pending.draft_s / max(pending.drafted, 1))
         if shape is None:
             return
         times = attribute(self.costs.coef, shape, drafted, pending.draft_s, self.options.time_unit)
         record = state.record(pending, emitted, drafted, times.verify, times.draft)
-        policy = state.policy
-        if pending.key is not None:
-            policy.set_context(pending.key)
-        reward = policy.update(pending.arm, record)
-        record.reward = reward
+        assert state.decider is not None, "a request's learner chose its pending draft"
+        choice = Choice(pending.arm, pending.key)
+        reward = state.decider.learn(choice, record)
         state.rounds += 1
         state.reward_sum += float(reward or 0.0)
-        if self.learner.keep:
-            state.history.append((pending.key, pending.arm, record))
-        if self.none_arm is not None and pending.arm != self.none_arm:
-            plain = plain_record(record, self.none_arm, self.arms[self.none_arm].name)
-            policy.update(self.none_arm, plain)
-            if self.learner.keep:
-                state.history.append((pending.key, self.none_arm, plain))
+        if self.options.free_none:  # in plain-step units the no-speculation arm's worth is known every step
+            state.decider.credit_plain(choice, record, PLAIN_STEP)
 
     # -- drafting ------------------------------------------------------------------------------
     def _budget(self, state: RequestState, length: int) -> int:
@@ -286,57 +262,44 @@ class ProposerCore:
             store.sync(drafter)
         return list(drafter.propose(state.tokens, length, self.ctx, stop).tokens)[:length]
 
-    def _cap(self, requests: int) -> int:
-        """The load-aware length cap (:func:`~draftwise.step_costs.length_cap`; 0 = do not draft)."""
-        if self.options.cap_acceptance <= 0:
-            return self.draft_len
-        return self.costs.cap(requests, self.draft_len, self.options.cap_acceptance)  # probes while c is unknown
+    def _limits(self, requests: int) -> Limits:
+        """What this load allows every request (:func:`~draftwise.decide.load_limits`): drafts cut
+        to the length that pays most (0: no request drafts); model drafts cut to the length that
+        pays counting each drafted token's measured drafting time besides its verification —
+        requests draft one after another while the whole batch waits, so under load a model draft
+        costs every request its time — and their arms played as ``none`` where no length does."""
+        return load_limits(self.costs, self.book, requests, self.options.cap_acceptance, longest=self.draft_len,
+                           trim_models=True)
 
-    def _model_cap(self, requests: int) -> int:
-        """The load cap of the model arms' drafts: :func:`~draftwise.step_costs.length_cap` counting
-        each drafted token's measured drafting time besides its verification (the rule by which the
-        batched engine's ``_unaffordable`` blocks them) — requests draft one after another while the
-        whole batch waits, so under load a model draft costs every request its time. 0: the model
-        arms are played as ``none``."""
-        return model_draft_cap(self.costs.coef, requests, self.longest_model_draft, self.options.cap_acceptance,
-                               self.costs.model_token_s)
-
-    def _draft(self, state: RequestState, bucket: int, cap: int, model_cap: int = sys.maxsize) -> list[int]:
+    def _draft(self, state: RequestState, limits: Limits, load: int | None = None) -> list[int]:
+        """The request's draft this step: the lookups its learner watches propose, the learner
+        chooses within the load's ``limits`` (``load``: the step's requests, for a context that
+        holds their bucket), the arm drafts; a draft of a watched lookup is reused, cut."""
         start = self.clock()
-        budget = self._budget(state, cap)
+        budget = self._budget(state, min(limits.cap, self.draft_len))
         if budget == 0:
             return []
-        policy = state.policy
+        assert state.decider is not None, "a request's learner chooses its drafts"
         proposals: dict[int, list[int]] = {}
-        key: Any = None
-        if policy.context_on:
-            lengths = []
-            for index in self.context_drafters:
-                if index is None:
-                    lengths.append(0)
-                    continue
+        lengths = []
+        for index in self.book.watched:
+            if index is not None:
                 proposals[index] = self._propose(state, index, budget)
-                lengths.append(len(proposals[index]))
-            if not any(lengths) and all(a.drafter is None or a.drafter in proposals for a in self.arms):
-                return []  # no arm could draft: a plain step, nothing for the learner to learn
-            key = policy.context_key(tuple(lengths), state.new_tokens)
-            key = (*key, bucket) if self.options.load_context else key
-            policy.set_context(key)
-        arm_index = policy.select()
-        if arm_index in self.model_arms and model_cap == 0:  # no model draft pays at this load: a plain step
-            if self.plain_arm is None:
-                return []
-            arm_index = self.plain_arm
-        arm = self.arms[arm_index]
+            lengths.append(len(proposals[index]) if index is not None else 0)
+        choice = state.decider.choose(lengths, state.new_tokens, limits, load=load)
+        if choice is None:
+            return []  # no arm could draft: a plain step, nothing for the learner to learn
+        arm = self.arms[choice.arm]
         tokens: list[int] = []
         if arm.drafter is not None:
-            length = min(arm.draft_len, budget, model_cap if arm_index in self.model_arms else budget)
+            length = min(limits.length(choice.arm, self.book), budget)
             drafts = [proposals[i][:length] if i in proposals and arm.stop is None
-                      else self._propose(state, i, length, state.stops[arm_index])
-                      for i in (state.routes.get(arm_index, arm.drafter), *arm.also)]
+                      else self._propose(state, i, length, state.stops[choice.arm])
+                      for i in (state.routes.get(choice.arm, arm.drafter), *arm.also)]
             tokens = max(drafts, key=len)  # a pick arm's longest draft (ties: the first); else its one
         state.pulls[arm.name] += 1
-        state.pending = Pending(arm_index, arm.name, min(arm.draft_len, budget), len(tokens), self.clock() - start, key)
+        state.pending = Pending(choice.arm, arm.name, min(arm.draft_len, budget), len(tokens), self.clock() - start,
+                                choice.key)
         return tokens
 
     # -- the batch mode (BanditSpec §6.2) ----------------------------------------------------------
@@ -354,28 +317,23 @@ class ProposerCore:
             state.pending = None
         if pending is None or shape is None or not outcomes:
             return
-        learner = self.batch_learners[pending.bucket]
-        played = cut_round(outcomes, None)
-        for arm in range(pending.arm, -1, -1):  # lengths are sorted: the played one, then every shorter
-            cut = played if arm == pending.arm else cut_round(outcomes, self.lengths[arm])
-            step = replace(shape, draft_tokens=shape.draft_tokens - (played.drafted - cut.drafted))
-            times = batch_times(self.costs.coef, step, len(outcomes), pending.draft_s, self.options.time_unit)
-            record = RoundRecord(index=self.step_no, arm=arm, arm_name=f"len@{self.lengths[arm]}",
-                                 max_draft=self.lengths[arm], drafted=cut.drafted, accepted=cut.accepted,
-                                 emitted=cut.emitted, position=0, draft_s=times.draft, verify_s=times.verify)
-            if arm == pending.arm:
-                learner.update(arm, record)
-            else:
-                learner.side_update(arm, record)
+        rows, drafted = len(outcomes), sum(d for d, _, _ in outcomes)
+
+        def record_of(arm: int, cut: CutRound) -> RoundRecord:
+            step = replace(shape, draft_tokens=shape.draft_tokens - (drafted - cut.drafted))
+            times = batch_times(self.costs.coef, step, rows, pending.draft_s, self.options.time_unit)
+            return RoundRecord(index=self.step_no, arm=arm, arm_name=f"len@{self.lengths[arm]}",
+                               max_draft=self.lengths[arm], drafted=cut.drafted, accepted=cut.accepted,
+                               emitted=cut.emitted, position=0, draft_s=times.draft, verify_s=times.verify)
+
+        shorter = [(arm, self.lengths[arm]) for arm in range(pending.arm - 1, -1, -1)]  # lengths are sorted
+        self.load_learners.learn(pending.bucket, pending.arm, outcomes, shorter, record_of)
 
     def _batch_draft(self, decode: list[tuple[int, RequestState]], drafts: list[list[int]]) -> None:
         if not decode:
             return
         start = self.clock()
-        bucket = load_bucket(len(decode))
-        if bucket not in self.batch_learners:
-            self.batch_learners[bucket] = copy.deepcopy(self.batch_learner)
-        arm = self.batch_learners[bucket].select()
+        bucket, arm = self.load_learners.choose(len(decode))
         length = self.lengths[arm]
         drafted = 0
         for row, state in decode:

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from draftwise.decide import Key, QueryDecider
 from draftwise.trace import RoundRecord
-
-Key = tuple[Hashable, ...] | None  # a contextual learner's context key
 
 
 @dataclass
@@ -41,11 +40,10 @@ class RequestState:
     prompt_len: int
     tokens: list[int]
     drafters: list[Any] = field(default_factory=list)
-    policy: Any = None
+    decider: QueryDecider | None = None  # its learner's decisions (the request mode)
     routes: dict[int, int] = field(default_factory=dict)  # routed arm → its drafter for this request
     stops: list[Any] = field(default_factory=list)  # each arm's stopping rule (None: none)
     pending: Pending | None = None
-    history: list[tuple[Key, int, RoundRecord]] = field(default_factory=list)  # for the warm start
     steps: int = 1  # target forwards that emitted tokens (the prefill step counts)
     drafted: int = 0
     accepted: int = 0
