@@ -312,9 +312,13 @@ class LlamaBank:
         x = self.features(slice(None), *self._sync_plan(tokens, n_out), n_out).to(self.head_dtype)
         head = self._weights(slice(None))["head"]
         targets = torch.as_tensor(targets, device=self.device)
-        if self.vocab is not None:
-            targets = self.vocab.draft_targets(targets)
-        return torch.stack([top1_hits(x[d] @ head[d], targets) for d in range(self.count)])
+        if self.vocab is None:
+            return torch.stack([top1_hits(x[d] @ head[d], targets) for d in range(self.count)])
+        # over a vocabulary subset: the drafter's top-1 among the tokens it can propose, and a
+        # target token it cannot propose is never a hit
+        mapped, listed = self.vocab.draft_targets(targets), self.vocab.other
+        hits = [top1_hits((x[d] @ head[d])[..., :listed], mapped.clamp(min=0)) for d in range(self.count)]
+        return torch.stack(hits) & (mapped >= 0)
 
     def _sync_plan(self, tokens: Sequence[int], n_out: int) -> tuple[list[int], int]:
         """Cut every slot back to what all share with ``tokens``: the ids to feed and where from."""
