@@ -3,6 +3,7 @@ round-trips through its folder into the engine (tiny models)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -78,3 +79,30 @@ def test_transformers_assisted_generation_runs_a_vocabulary_subset_drafter_throu
     assert assisted.tolist() == plain.tolist()
     assert view.model is drafter.model.model  # the same weights
     assert view.lm_head.weight.shape[0] == 56 - 7 + 1  # its own head: 49 kept ids and one for the rest
+
+
+def test_labels_resume_past_a_torn_line_and_join_back_by_instruction(tmp_path) -> None:
+    from draftwise.zoo.corpus import Example
+    from draftwise.zoo.labels import done_keys, instruction_key, read_labels
+
+    examples = [Example("code", "src", f"instruction {i}", "") for i in range(3)]
+    path = tmp_path / "code.jsonl"
+    lines = [json.dumps({"key": instruction_key(e.instruction), "answer": [i, i + 1]}) for i, e in enumerate(examples)]
+    path.write_text(lines[0] + "\n" + lines[2] + "\n" + lines[1][:9])  # the last line torn by an interruption
+    assert done_keys(path) == {instruction_key(examples[0].instruction), instruction_key(examples[2].instruction)}
+    assert read_labels(path, examples) == [(examples[0], [0, 1]), (examples[2], [2, 3])]
+
+
+def test_batched_greedy_answers_equal_one_at_a_time_decoding(tiny_models) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from draftwise.zoo.labels import greedy_answers
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["llama-target"]).eval()
+    prompts = [[3, 4, 5], [6, 7, 8, 9, 10, 11], [12]]
+    batched = greedy_answers(model, prompts, 6, eos=0, pad=0)
+    for prompt, answer in zip(prompts, batched):
+        ids = torch.tensor([prompt])
+        alone = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
+        expected = alone[0, len(prompt):].tolist()
+        assert answer == expected[: expected.index(0) + 1] if 0 in expected else answer == expected

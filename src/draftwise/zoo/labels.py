@@ -1,15 +1,10 @@
-"""Distillation labels from a target, for the corpus's training instructions.
+"""Distillation labels: a target's own greedy answers to the corpus's training instructions.
 
-Two kinds, each appended to one JSONL file per domain, a line per example, so a run can stop at
-any time and the next one resumes where it ended. A line holds the instruction's SHA-256 (the
-instruction itself stays in the data folder) and token ids; the readers join them back with the
-corpus.
-
-- **answers**: the target's own greedy answers, generated in batches (left-padded, KV cache) —
-  exactly what a drafter is asked to predict, at generation speed (≈ 150 tokens/s here);
-- **choices**: the target's top choice at each position of the dataset's reference answer, from one
-  forward over prompt + reference — the target's next token after a prefix it might not have
-  written itself, at prefill speed (ten times the tokens per second).
+Answers are generated in batches (left-padded, greedy, KV cache; ≈ 60–160 tokens/s on these two
+cores) and appended to one JSONL file per domain, a line per answer, so a run can stop at any
+time and the next one resumes where it ended. A line holds the instruction's SHA-256 (the
+instruction itself stays in the data folder) and the answer's token ids; ``read_labels`` joins
+them back with the corpus.
 """
 
 from __future__ import annotations
@@ -136,54 +131,3 @@ def read_records(path: Path, examples: Sequence[Example]) -> list[tuple[Example,
 def read_labels(path: Path, examples: Sequence[Example]) -> list[tuple[Example, list[int]]]:
     """Each example with the target's greedy answer (token ids)."""
     return [(e, list(r["answer"])) for e, r in read_records(path, examples)]
-
-
-def read_choices(path: Path, examples: Sequence[Example]) -> list[tuple[Example, list[int], list[int]]]:
-    """Each example with its reference answer's token ids and the target's choice after each prefix."""
-    return [(e, list(r["reference"]), list(r["choice"])) for e, r in read_records(path, examples)]
-
-
-@torch.inference_mode()
-def top_choices(model: Any, rows: list[list[int]], pad: int) -> list[list[int]]:
-    """The target's argmax after every position of each row (right-padded batch, one forward)."""
-    width = max(len(r) for r in rows)
-    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-    attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    best = model(input_ids=input_ids, attention_mask=attention).logits.argmax(-1)  # (B, T)
-    return [best[i, : len(r)].tolist() for i, r in enumerate(rows)]
-
-
-def label_choices(model: Any, tokenizer: Any, examples: Sequence[Example], path: Path, plan: LabelPlan,
-                  max_tokens: int = 512) -> int:
-    """The target's choices along up to ``plan.per_domain`` reference answers not yet in ``path``."""
-    done = done_keys(path)
-    eos = int(tokenizer.eos_token_id)
-    todo: list[tuple[str, list[int]]] = []
-    lengths: dict[str, int] = {}
-    for example in examples:
-        if len(done) + len(todo) >= plan.per_domain:
-            break
-        key = instruction_key(example.instruction)
-        if key in done:
-            continue
-        prompt = chat_prompt_ids(tokenizer, example.instruction)
-        reference = tokenizer(example.response, add_special_tokens=False)["input_ids"] + [eos]
-        if len(prompt) > plan.max_prompt_tokens:
-            continue
-        reference = reference[: max_tokens - len(prompt)]
-        if reference:
-            todo.append((key, prompt + reference))
-            lengths[key] = len(prompt)
-    written = 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for batch in batches(todo, plan.batch_size):
-        choices = top_choices(model, [ids for _, ids in batch], eos)
-        with path.open("a", encoding="utf-8") as handle:
-            for (key, ids), best in zip(batch, choices):
-                start = lengths[key]
-                reference = ids[start:]
-                handle.write(json.dumps({"key": key, "reference": reference,
-                                         "choice": best[start - 1 : len(ids) - 1]}) + "\n")
-                written += len(reference)
-        log.info("%s: %d references, %d tokens", path.stem, len(batch), written)
-    return written
