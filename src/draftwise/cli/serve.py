@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from draftwise.cli.generate import add_model_options, check_output_file, load_generator
 from draftwise.errors import DraftwiseError
+from draftwise.pools import DEFAULT_TARGET
 
 
 def register(subparsers: Any) -> None:
@@ -25,8 +26,8 @@ def register(subparsers: Any) -> None:
         "/v1/chat/completions (OpenAI's format, stream true or false), GET /v1/models, /health, /metrics "
         "(Prometheus: vLLM's spec-decode counters and the learner's pulls and values), /v1/learner (JSON) and a "
         "live page at /. Concurrent requests share one batch; the learner keeps what it learns across requests "
-        "(and across restarts with --state). Same model options and defaults as 'draftwise generate' (the "
-        "embedded zoo). Needs the serve extra: pip install 'draftwise[serve]'.",
+        "(and across restarts with --state). Same model options and defaults as 'draftwise generate' (SmolLM2 "
+        "and its drafters, fetched once). Needs the serve extra: pip install 'draftwise[serve]'.",
     )
     add_model_options(p)
     p.add_argument("--seed", type=int, default=None,
@@ -37,7 +38,7 @@ def register(subparsers: Any) -> None:
                    "then set --api-key)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     p.add_argument("--model-name", default=None,
-                   help="the model name clients send and /v1/models lists (default: the --target, zoo:target)")
+                   help="the model name clients send and /v1/models lists (default: the --target, smollm2)")
     p.add_argument("--max-batch", type=int, default=32, help="requests generated together (default 32)")
     p.add_argument("--queue-size", type=int, default=128,
                    help="requests that may wait for a place in the batch; more are answered 503 (default 128)")
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     scheduler = Scheduler(gen, max_batch=args.max_batch, queue_size=args.queue_size, on_result=on_result,
                           on_cancel=metrics.cancelled.inc)
     settings = ServeSettings(access=access, max_body_bytes=int(args.max_body_mb * 2**20), seed=args.seed)
-    service = Service(gen, scheduler, metrics, model=args.model_name or args.target or "zoo:target", policy=policy,
+    service = Service(gen, scheduler, metrics, model=args.model_name or args.target or DEFAULT_TARGET, policy=policy,
                       settings=settings)
     if args.state:
         state_file = args.state
