@@ -22,7 +22,7 @@ import torch
 
 from draftwise.errors import DraftwiseError
 from draftwise.tree import additive_mask, check_tree, match_path, tree_attention_mask, tree_positions
-from draftwise.vocab_map import VocabMap, output_size, vocab_map_of
+from draftwise.vocab_map import VocabMap, input_ids, output_size, vocab_map_of
 
 Method = TypeVar("Method", bound=Callable[..., Any])
 
@@ -291,9 +291,7 @@ class CachedLM(HiddenStatesMixin):
         return vocab_map_of(self.model)
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
-        if self.vocab is not None:
-            return self.vocab.draft_ids(ids, self.device)[None]
-        return torch.tensor([ids], dtype=torch.long, device=self.device)
+        return input_ids(self.vocab, ids, self.device)[None]  # (1, T)
 
     def _logits(self, out: Any, n_out: int) -> torch.Tensor:
         logits = out.logits[0, -n_out:].float()

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from draftwise.cached_lm import TreeCacheMixin, all_or_nothing, common_prefix_len
 from draftwise.verify import top1_hits
-from draftwise.vocab_map import output_size, vocab_map_of
+from draftwise.vocab_map import input_ids, output_size, vocab_map_of
 
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
               "vocab_size", "rms_norm_eps", "tie_word_embeddings")
@@ -239,11 +239,7 @@ class LlamaBank:
         length = len(ids)
         self._grow(start + length)
         weights = self._weights(which)
-        if self.vocab is None:
-            index = torch.tensor(ids, dtype=torch.long, device=self.device)
-        else:
-            index = self.vocab.draft_ids(ids, self.device)
-        x = weights["embed"][:, index]  # (B, T, H)
+        x = weights["embed"][:, input_ids(self.vocab, ids, self.device)]  # (B, T, H)
         batch = x.shape[0]
         if positions is None:
             cos, sin = self.cos[start : start + length], self.sin[start : start + length]  # (T, hd)

@@ -9,9 +9,9 @@ drafters unless they are named: a drafter must speak the target's vocabulary.
 from __future__ import annotations
 
 from draftwise.named_models import is_named_model
+from draftwise.zoo.load import TOY_TARGET
 
 DEFAULT_TARGET = "smollm2"
-TOY_TARGET = "zoo:target"
 LOOKUPS = ("pld", "suffix")
 ZOO_POOL = ("zoo:all", *LOOKUPS)  # zoo:all: the zoo drafters that speak the target's vocabulary
 

@@ -81,6 +81,13 @@ def load_vocab_map(folder: str | Path) -> VocabMap | None:
         raise DraftwiseError(f"{path}: not a valid drafter vocabulary ({exc})") from None
 
 
+def input_ids(vocab: VocabMap | None, ids: Sequence[int], device: Any) -> torch.Tensor:
+    """(T,) the ids a model reads: the drafter's own through its map, else the target's as they are."""
+    if vocab is None:
+        return torch.tensor(list(ids), dtype=torch.long, device=device)
+    return vocab.draft_ids(ids, device)
+
+
 def vocab_map_of(model: Any) -> VocabMap | None:
     return getattr(model, ATTRIBUTE, None)
 

@@ -193,14 +193,14 @@ def run_distill(target_name: str, data: Path, out: Path, *, plan: Any = None, re
         return []
     data_of = {d: [(chat_prompt_ids(tokenizer, e.instruction), a, a)  # greedy: the labels are the continuation
                    for e, a in read_labels(labels / f"{d}.jsonl", corpus.train[d])] for d in DOMAINS}
+    triples = [t for domain_triples in data_of.values() for t in domain_triples]
+    answers = [a for _, _, a in triples]
     vocab_path = out / "vocabulary.json"
     if not vocab_path.exists():
-        triples = [t for domain_triples in data_of.values() for t in domain_triples]
-        ids = choose_vocabulary([a for _, _, a in triples], recipe.vocab - 1, always=[tokenizer.eos_token_id],
+        ids = choose_vocabulary(answers, recipe.vocab - 1, always=[tokenizer.eos_token_id],
                                 then=[p for p, _, _ in triples])
         vocab_path.write_text(json.dumps(ids) + "\n")
     vocab = VocabMap(json.loads(vocab_path.read_text()), int(target.config.vocab_size))
-    answers = [a for triples in data_of.values() for _, _, a in triples]
     coverage = sum(int(vocab.to_draft[t]) != vocab.other for a in answers for t in a) / max(1, sum(map(len, answers)))
     log.info("vocabulary of %d tokens covers %.4f of the answers' tokens", vocab.other, coverage)
     made = []
