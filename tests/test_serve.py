@@ -354,6 +354,11 @@ def test_a_body_over_the_limit_is_refused_at_once(server):
                      "Content-Type: application/json\r\nContent-Length: 20000000\r\n\r\n".encode())
         head = sock.recv(4096)
         assert head.startswith(b"HTTP/1.1 413") and time.perf_counter() - start < 2, head
+    body = b"x" * 6_000_000  # sent whole before the answer is read, as HTTP clients do
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413")
     with pytest.raises(openai.APIStatusError) as caught:
         server.client.completions.create(model=MODEL, prompt="x " * 3_000_000, max_tokens=2)
     assert caught.value.status_code == 413 and "over this server's limit of 4194304 bytes" in str(caught.value)

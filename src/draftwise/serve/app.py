@@ -105,7 +105,7 @@ _LIBC = _libc()
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The request's body, refused with 413 as soon as its declared size or the bytes received pass
-    ``limit`` (the rest is never read)."""
+    ``limit`` (the rest is dropped as it comes, never kept)."""
     def too_large(size: str) -> APIError:
         return APIError(413, f"the request body is {size}, over this server's limit of {limit} bytes "
                         "(--max-body-mb); send a shorter prompt", code="request_too_large",
@@ -113,14 +113,38 @@ async def read_body(request: Request, limit: int) -> bytes:
 
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
+        await discard_body(request.stream(), DISCARD_BYTES_FACTOR * limit)
         raise too_large(f"{int(declared)} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
+    stream = request.stream()
+    async for chunk in stream:
         size += len(chunk)
         if size > limit:
+            await discard_body(stream, DISCARD_BYTES_FACTOR * limit)
             raise too_large(f"over {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+DISCARD_BYTES_FACTOR = 4  # a refused body is read and dropped up to this many times the limit...
+DISCARD_IDLE_S = 0.25  # ...while its bytes keep coming
+
+
+async def discard_body(stream: AsyncIterator[bytes], budget: int) -> None:
+    """Read and drop what a client is still sending of a refused body before answering it.
+
+    Closing a socket with unread bytes makes the kernel reset the connection, and a reset discards
+    the 413 the client has not read yet: a client that sends its whole body before reading (as
+    HTTP libraries do) would see a broken connection instead of the reason. Nothing is kept, and a
+    client that stops sending, or sends more than ``budget`` bytes, is answered at once."""
+    dropped = 0
+    iterator = aiter(stream)
+    while dropped <= budget:
+        try:
+            chunk = await asyncio.wait_for(anext(iterator), DISCARD_IDLE_S)
+        except (StopAsyncIteration, TimeoutError):
+            return
+        dropped += len(chunk)
 
 
 @dataclass
