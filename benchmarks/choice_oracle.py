@@ -148,6 +148,27 @@ def fixed_time(positions: Sequence[Position], verify: dict[int, float], name: st
     return total
 
 
+def lm_fixed_time(positions: Sequence[Position], verify: dict[int, float], lm_round: dict[int, float], name: str,
+                  k: int) -> float:
+    """One LM drafter at draft length ``k`` every round."""
+    t, total, n = 0, 0.0, len(positions)
+    while t < n:
+        draft = min(k, n - t - 1)
+        total += cost_of(lm_round, draft) if draft else cost_of(verify, 0)
+        t += min(draft, positions[t].lm_ok[name]) + 1
+    return total
+
+
+def single_times(positions: Sequence[Position], verify: dict[int, float], lm_round: dict[int, float],
+                 lms: Sequence[str], max_lm: int) -> dict[str, float]:
+    """Every single configuration's time on one prompt: each lookup at lengths 1–8, each LM drafter
+    at lengths 1–``max_lm``."""
+    out = {f"{name}@{k}": fixed_time(positions, verify, name, k) for name in LOOKUPS for k in range(1, 9)}
+    out.update({f"{name}@{k}": lm_fixed_time(positions, verify, lm_round, name, k) for name in lms
+                for k in range(1, max_lm + 1)})
+    return out
+
+
 def round_costs(records: Sequence[Sequence[Any]]) -> dict[int, float]:
     """Median seconds of a round by tokens drafted, its drafting left out (rounds after the first)."""
     times: dict[int, list[float]] = defaultdict(list)
@@ -164,7 +185,8 @@ def lm_round_costs(traces: Sequence[Sequence[Any]], arm: str, verify: dict[int, 
     drafting time per token (catch-ups included)."""
     rounds = [r for t in traces for r in t[1:] if r.arm_name == arm and r.drafted]
     token_s = statistics.median(r.draft_s / r.drafted for r in rounds)
-    surcharge = statistics.median(r.verify_s + r.policy_s - cost_of(verify, r.drafted) for r in rounds)
+    # never below the lookup's round of the same length: a noisy median must not make drafting free
+    surcharge = max(0.0, statistics.median(r.verify_s + r.policy_s - cost_of(verify, r.drafted) for r in rounds))
     return {k: cost_of(verify, k) + surcharge + k * token_s for k in range(1, longest + 1)}
 
 
@@ -186,11 +208,12 @@ def lm_drafts(drafter: Any, ids: list[int], answer: list[int], length: int = 8) 
     return out
 
 
-def lm_positions(model: Any, ids: list[int], answer: list[int]) -> list[int]:
-    """Consecutive greedy matches of an LM drafter from each answer position (teacher-forced)."""
+def lm_positions(drafter: Any, ids: list[int], answer: list[int]) -> list[int]:
+    """Consecutive greedy matches of an LM drafter from each answer position (teacher-forced, over
+    the target's vocabulary as the engine sees the drafter's logits)."""
     with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([ids + answer[:-1]])).logits[0]
-    guesses = logits[len(ids) - 1 :].argmax(-1).tolist()
+        logits = drafter.lm.logits(ids + answer[:-1], len(answer))
+    guesses = logits.argmax(-1).tolist()
     return run_lengths([g == a for g, a in zip(guesses, answer)])
 
 
@@ -204,10 +227,12 @@ def collect(args: Any) -> dict[str, Any]:
 
     register_rule_policy()
     prompts = dev_prompts(args)
-    model, tokenizer, options = zoo_target()
+    model, tokenizer, options = zoo_target(args.target)
     pool = build_drafters(["zoo:all", *LOOKUPS], model, tokenizer, options)
     attach_banks(pool)
     lms = {d.name: d for d in pool if isinstance(d, ModelDrafter)}
+    # the generalist of the target's zoo ("generalist", "smollm2-generalist")
+    args.causal_lm = args.causal_lm or next(name for name in lms if name.endswith("generalist"))
     lookups = {d.name: d for d in pool if d.name in LOOKUPS}
     plain = Generator(model, tokenizer, [], policy="fixed")
     ids = [plain.encode(p.text) for p in prompts]
@@ -244,7 +269,7 @@ def collect(args: Any) -> dict[str, Any]:
     forget_stored_answers(lookups.values())  # the store fills prompt by prompt, as the fixed run's did
     records = []
     for prompt, prompt_ids, answer in zip(prompts, ids, answers):
-        runs = {name: lm_positions(d.hf_model(), prompt_ids, answer) for name, d in lms.items()}
+        runs = {name: lm_positions(d, prompt_ids, answer) for name, d in lms.items()}
         confidence = lm_drafts(lms[args.causal_lm], prompt_ids, answer)
         for d in lookups.values():
             d.begin_query(prompt_ids)
@@ -275,6 +300,7 @@ def evaluate(data: dict[str, Any], max_lm: int) -> dict[str, Any]:
     verify = {int(k): v for k, v in data["verify"].items()}
     lm_round, lm = {int(k): v for k, v in data["lm_round"].items()}, data["causal_lm"]
     totals: dict[str, float] = defaultdict(float)
+    by_domain: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for record in data["prompts"]:
         positions = [Position(p["proposed"], p["lookup_ok"], p["lm_ok"], p["confidence"]) for p in record["positions"]]
         totals["tokens"] += len(positions)
@@ -285,11 +311,23 @@ def evaluate(data: dict[str, Any], max_lm: int) -> dict[str, Any]:
         totals[f"oracle: lookups + {lm}"] += best_time(positions, verify, lm_round, [lm], max_lm)
         totals["oracle: lookups + the best LM per prompt"] += min(
             best_time(positions, verify, lm_round, [name], max_lm) for name in data["lms"])
+        totals["oracle: lookups + any LM, per round"] += best_time(positions, verify, lm_round, data["lms"], max_lm)
+        for config, seconds in single_times(positions, verify, lm_round, data["lms"], max_lm).items():
+            totals[f"single {config}"] += seconds
+            by_domain[record["domain"]][config] += seconds
         for rule in RULES:
             totals[f"rule {rule.min_match}/{rule.confidence}/{rule.max_lm}"] += rule_time(
                 positions, verify, lm_round, rule, lm)
+    # the per-domain oracle: each domain's best single configuration in hindsight
+    totals["oracle: the best single configuration per domain"] = sum(min(t.values()) for t in by_domain.values())
+    singles = {k: v for k, v in totals.items() if k.startswith("single ")}
+    best_single = min(singles, key=singles.__getitem__)
+    totals[f"best single ({best_single.removeprefix('single ')})"] = singles[best_single]
     base = totals["suffix@8"]
-    return {"tokens": totals["tokens"],
+    overall = best_single.removeprefix("single ")
+    domains = {domain: {"best": min(t, key=t.__getitem__), "x_best_single": t[overall] / min(t.values())}
+               for domain, t in by_domain.items()}
+    return {"tokens": totals["tokens"], "domains": domains,
             "x_plain": {k: totals["plain"] / v for k, v in totals.items() if k not in ("tokens", "plain")},
             "x_suffix8": {k: base / v for k, v in totals.items() if k not in ("tokens", "plain")},
             "check_suffix8_model_vs_measured": base / data["measured_rounds_suffix8"],
@@ -301,7 +339,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--max-lm", type=int, default=4,
                         help="longest LM draft the oracle may choose (LM rounds are timed at 4 tokens)")
-    parser.add_argument("--causal-lm", default="generalist", help="the LM drafter the causal rules draft with")
+    parser.add_argument("--causal-lm", default=None,
+                        help="the LM drafter the causal rules draft with (default: the zoo's generalist)")
     parser.add_argument("--replay", default=None, metavar="JSON", help="evaluate a saved collection (--out's)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -312,7 +351,10 @@ def main() -> None:
         data = collect(args)
     result = evaluate(data, args.max_lm)
     best = max((k for k in result["x_suffix8"] if k.startswith("rule")), key=result["x_suffix8"].get)
-    print(json.dumps({k: v for k, v in result["x_suffix8"].items() if not k.startswith("rule")}, indent=1))
+    print(json.dumps({k: round(v, 3) for k, v in result["x_plain"].items()
+                      if not k.startswith(("rule", "single"))}, indent=1))
+    print("per domain (its best single configuration, and its speed over the overall best single's):",
+          json.dumps(result["domains"]))
     print("best rule", best, round(result["x_suffix8"][best], 3), "checks (model ÷ measured): suffix@8",
           round(result["check_suffix8_model_vs_measured"], 3),
           "rule 1/0.0/4", round(result["check_rule_model_vs_measured"], 3))

@@ -18,6 +18,8 @@ def dev_set_parser(doc: str | None, per_domain: int, threads: int = 1,
     parser.add_argument("--zoo-corpus", default=None,
                         help="zoo build folder (its dev split); default: found as bench does")
     parser.add_argument("--threads", type=int, default=threads)
+    parser.add_argument("--target", default="zoo:target",
+                        help="the target: the toy zoo's (zoo:target), a named model (smollm2) or a folder")
     parser.add_argument("--split", default="dev", choices=("dev", "test"),
                         help="the zoo split (dev: the tuning set; test: held out, an out-of-domain check)")
     parser.add_argument("--prompt-file", default=None, metavar="JSONL",
@@ -44,13 +46,13 @@ def dev_prompts(args: argparse.Namespace, seed: int = 0) -> list[Any]:
     return zoo_prompts(find_zoo_corpus(args.zoo_corpus), args.split, args.per_domain, seed)
 
 
-def zoo_target() -> tuple[Any, Any, Any]:
-    """The zoo's target, its tokenizer and the load options the scripts build drafters with."""
-    from draftwise.loading import LoadOptions, load_causal_lm
-    from draftwise.zoo import resolve_zoo_name
+def zoo_target(name: str = "zoo:target") -> tuple[Any, Any, Any]:
+    """The target (the toy zoo's by default), its tokenizer and the load options the scripts build
+    drafters with."""
+    from draftwise.loading import LoadOptions, load_causal_lm, resolve_model_path
 
     options = LoadOptions()
-    model, tokenizer = load_causal_lm(resolve_zoo_name("zoo:target"), options)
+    model, tokenizer = load_causal_lm(resolve_model_path(name), options)
     return model, tokenizer, options
 
 

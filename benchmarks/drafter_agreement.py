@@ -35,7 +35,7 @@ def main() -> None:
     from draftwise.engine.routing import PromptFit, RouteMemory, best_fit, learn_route
     from draftwise.verify import Sampling, warp
 
-    model, tokenizer, options = zoo_target()
+    model, tokenizer, options = zoo_target(args.target)
     drafters = build_drafters(["zoo:all"], model, tokenizer, options)
     names = [d.name for d in drafters]
     plain = Generator(model, tokenizer, [], policy="fixed")

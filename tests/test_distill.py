@@ -21,7 +21,9 @@ from draftwise.zoo.distill import (
     train_drafter,
     training_stream,
 )
-from draftwise.zoo.train import ModelShape
+from draftwise.zoo.distill_eagle import EagleRecipe, train_eagle
+from draftwise.zoo.heads import soft_cross_entropy
+from draftwise.zoo.train import ModelShape, TrainConfig
 
 
 def test_the_vocabulary_is_the_most_frequent_answer_tokens_then_prompt_tokens() -> None:
@@ -106,3 +108,38 @@ def test_batched_greedy_answers_equal_one_at_a_time_decoding(tiny_models) -> Non
         alone = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
         expected = alone[0, len(prompt):].tolist()
         assert answer == expected[: expected.index(0) + 1] if 0 in expected else answer == expected
+
+
+def test_an_eagle_head_over_a_vocabulary_subset_trains_loads_and_stays_lossless(tiny_models, tmp_path) -> None:
+    options = LoadOptions()
+    target, tokenizer = load_causal_lm(str(tiny_models["llama-target"]), options)
+    rng = np.random.default_rng(1)
+    vocab = VocabMap(choose_vocabulary([rng.integers(2, 56, 60).tolist()], 20, always=[0]), 56)
+    sequences = {"code": [rng.integers(2, 56, 24).tolist() for _ in range(4)],
+                 "math": [rng.integers(2, 56, 24).tolist() for _ in range(4)]}
+    recipe = EagleRecipe(examples_per_domain=3, top_k=4, intermediate=32,
+                         train=TrainConfig(steps=3, batch=2, seq_len=16, lr=1e-3, warmup=1, weight_decay=0.0))
+    folder = train_eagle(target, "tiny", sequences, vocab, tmp_path / "work", tmp_path / "eagle", recipe)
+    meta = json.loads((folder / "training.json").read_text())
+    assert meta["step"] == 3 and meta["train_tokens"] == 16 * (6 * 24 // 16) and np.isfinite(meta["last_loss"])
+    [drafter] = build_drafters([f"eagle:head={folder}"], target, tokenizer, options)
+    assert drafter.vocab is not None and drafter.head_weight.shape[0] == 20  # the subset's rows only
+    gen = Generator(target, tokenizer, [drafter], policy="fixed:0", draft_len=3)
+    plain = Generator(target, tokenizer, [], policy="fixed:none")
+    prompt = rng.integers(2, 56, 8).tolist()
+    result = gen.generate(prompt, max_new_tokens=20)
+    assert result.token_ids == plain.generate(prompt, max_new_tokens=20).token_ids
+    assert sum(r.drafted for r in result.trace) > 0
+    logits = drafter.next_logits(prompt + result.token_ids, 1)  # it proposes only the subset's tokens
+    assert torch.isinf(logits).sum() == 56 - 20 and torch.isfinite(logits[0, vocab.to_target]).all()
+
+
+def test_the_soft_loss_ignores_tokens_outside_the_subset() -> None:
+    features, weight = torch.randn(2, 3, 4), torch.randn(5, 4)
+    ids = torch.tensor([[[0, 1], [2, -1], [-1, -1]]] * 2)
+    logprobs = torch.tensor([[[-0.1, -2.0], [-0.5, -0.2], [-0.3, -0.4]]] * 2)
+    full = soft_cross_entropy(features[:, :1], weight, ids[:, :1], logprobs[:, :1])
+    log_q = torch.log_softmax(features[:, 1] @ weight.T, -1)[:, 2]
+    assert torch.allclose(soft_cross_entropy(features[:, 1:2], weight, ids[:, 1:2], logprobs[:, 1:2]), -log_q.mean())
+    assert soft_cross_entropy(features[:, 2:], weight, ids[:, 2:], logprobs[:, 2:]) == 0  # nothing it could propose
+    assert torch.isfinite(full)

@@ -198,7 +198,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--labels", default=None, help="label folder (default: OUT/labels)")
     p.add_argument("--per-domain", type=int, default=400, help="training instructions answered per domain (400)")
     p.add_argument("--until", choices=("labels",), help="stop after this stage")
-    p.add_argument("--only", help="train only these drafters, comma-separated (generalist, code, math, …)")
+    p.add_argument("--only", help="train only these drafters, comma-separated (generalist, code, math, …, eagle)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--install", action="store_true", help="then copy the drafters into the package's zoo")
     p.add_argument("--log", help="also append progress logs to this file")

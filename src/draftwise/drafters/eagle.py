@@ -37,6 +37,7 @@ from draftwise.drafters.whitebox import (
     rotary_tables,
 )
 from draftwise.tree import ROOT, tree_attention_mask, tree_positions
+from draftwise.vocab_map import VocabMap
 
 KV = tuple[torch.Tensor, torch.Tensor]
 
@@ -106,8 +107,8 @@ class EagleDrafter(WhiteBoxDrafter):
     """Drafts a chain or a tree with an :class:`EagleHead` on the target's hidden states."""
 
     def __init__(self, head: EagleHead, target: Any, *, name: str, source: str = "",
-                 tree: TreeOptions | None = None) -> None:
-        super().__init__(target, head.config, name=name, source=source, tree=tree)
+                 tree: TreeOptions | None = None, vocab: VocabMap | None = None) -> None:
+        super().__init__(target, head.config, name=name, source=source, tree=tree, vocab=vocab)
         self.head = head.eval()
         self.keys, self.values = RowBuffer(), RowBuffer()  # (rows, kv, d): context pairs, then draft pairs
         self.pair_tokens: list[int] = []  # x_{i+1} of each context pair i in the cache
@@ -202,7 +203,7 @@ class EagleDrafter(WhiteBoxDrafter):
 
 @register_head_kind("eagle")
 def load_eagle(folder: Path, config: HeadConfig, target: Any, name: str, source: str,
-               tree: TreeOptions | None) -> EagleDrafter:
+               tree: TreeOptions | None, vocab: VocabMap | None) -> EagleDrafter:
     head = EagleHead(config)
     load_head_weights(head, folder)
-    return EagleDrafter(head, target, name=name, source=source, tree=tree)
+    return EagleDrafter(head, target, name=name, source=source, tree=tree, vocab=vocab)

@@ -21,6 +21,7 @@ from draftwise.drafters.base import Draft, DraftContext
 from draftwise.drafters.draft_shapes import TreeOptions, draft_chain, draft_tree
 from draftwise.drafters.stopping import StopRule
 from draftwise.drafters.whitebox import HeadConfig, WhiteBoxDrafter, load_head_weights, register_head_kind
+from draftwise.vocab_map import VocabMap
 
 
 def medusa_config(hidden_size: int, vocab_size: int, num_heads: int = 3, **extra: Any) -> HeadConfig:
@@ -50,8 +51,8 @@ class MedusaDrafter(WhiteBoxDrafter):
     """Proposes up to k tokens from the target's last hidden state, in one head forward."""
 
     def __init__(self, heads: MedusaHeads, target: Any, *, name: str, source: str = "",
-                 tree: TreeOptions | None = None) -> None:
-        super().__init__(target, heads.config, name=name, source=source, tree=tree)
+                 tree: TreeOptions | None = None, vocab: VocabMap | None = None) -> None:
+        super().__init__(target, heads.config, name=name, source=source, tree=tree, vocab=vocab)
         self.heads = heads.eval()
 
     def head_module(self) -> torch.nn.Module:
@@ -99,7 +100,7 @@ def _by_depth(logits: torch.Tensor):
 
 @register_head_kind("medusa")
 def load_medusa(folder: Path, config: HeadConfig, target: Any, name: str, source: str,
-                tree: TreeOptions | None) -> MedusaDrafter:
+                tree: TreeOptions | None, vocab: VocabMap | None) -> MedusaDrafter:
     heads = MedusaHeads(config)
     load_head_weights(heads, folder)
-    return MedusaDrafter(heads, target, name=name, source=source, tree=tree)
+    return MedusaDrafter(heads, target, name=name, source=source, tree=tree, vocab=vocab)

@@ -32,6 +32,7 @@ from draftwise.drafter_bank import resolve_head_dtype
 from draftwise.drafters.base import ModelDrafter
 from draftwise.drafters.draft_shapes import TreeOptions
 from draftwise.errors import DraftwiseError
+from draftwise.vocab_map import FILE, VocabMap, load_vocab_map
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,7 @@ class WhiteBoxDrafter(ModelDrafter):
     reads_target_hidden = True
 
     def __init__(self, target: Any, config: HeadConfig, *, name: str, source: str = "",
-                 tree: TreeOptions | None = None) -> None:
+                 tree: TreeOptions | None = None, vocab: VocabMap | None = None) -> None:
         self.name = name
         self.source = source
         self.config = config
@@ -192,9 +193,17 @@ class WhiteBoxDrafter(ModelDrafter):
         self.lm_head = target.get_output_embeddings()
         # A copy of the LM head in bfloat16 where the CPU multiplies it natively: it is read for
         # every drafted token, and in float32 it is most of a draft's cost (see draftwise.drafter_bank).
+        # With a vocabulary subset (``vocab``, FR-Spec) only its rows are kept: a large target's head
+        # (49k rows) would otherwise cost more than the head's own layer.
         weight = self.lm_head.weight
+        self.vocab = vocab
         self.head_dtype = resolve_head_dtype(None, weight.dtype)
         plain = self.head_dtype == weight.dtype or getattr(self.lm_head, "bias", None) is not None
+        if vocab is not None:
+            if getattr(self.lm_head, "bias", None) is not None:
+                raise DraftwiseError(f"head {name}: a vocabulary subset needs a target LM head without bias")
+            weight = weight[vocab.to_target.to(weight.device)]
+            plain = False
         self.head_weight = None if plain else weight.detach().to(self.head_dtype)
         self.vocab_size = config.vocab_size
         self.seen = RowBuffer()
@@ -230,7 +239,8 @@ class WhiteBoxDrafter(ModelDrafter):
         """The target's own LM head on predicted features, float32 (…, V)."""
         if self.head_weight is None:
             return self.lm_head(features).float()
-        return torch.nn.functional.linear(features.to(self.head_dtype), self.head_weight).float()
+        logits = torch.nn.functional.linear(features.to(self.head_dtype), self.head_weight).float()
+        return logits if self.vocab is None else self.vocab.target_logits(logits)
 
     def fresh(self) -> WhiteBoxDrafter:
         """A copy with no query state; the head's weights and the target's embedding and LM head are shared."""
@@ -254,7 +264,7 @@ class WhiteBoxDrafter(ModelDrafter):
 
 
 HeadFactory = Callable[..., WhiteBoxDrafter]
-# kind → loader(folder, config, target, name, source, tree); eagle.py and medusa.py register theirs
+# kind → loader(folder, config, target, name, source, tree, vocab); eagle.py and medusa.py register theirs
 # (draftwise.drafters imports them, so any import of this package has them)
 HEAD_KINDS: dict[str, HeadFactory] = {}
 
@@ -283,4 +293,8 @@ def load_head_drafter(path: str, target: Any, *, kind: str = "", name: str = "",
         raise DraftwiseError(f"{path}: unknown head kind {config.kind!r}; valid: {', '.join(sorted(HEAD_KINDS))}")
     check_target(config, target, str(path))
     default = path.split(":", 1)[1] if path.startswith("zoo:") else folder.name
-    return HEAD_KINDS[config.kind](folder, config, target, name or default, str(path), tree)
+    vocab = load_vocab_map(folder)  # draft_vocab.json beside the weights: the head drafts over a subset
+    if vocab is not None and vocab.target_size != config.vocab_size:
+        raise DraftwiseError(f"{path}: its {FILE} is for a vocabulary of {vocab.target_size}, the head's is "
+                             f"{config.vocab_size}")
+    return HEAD_KINDS[config.kind](folder, config, target, name or default, str(path), tree, vocab)

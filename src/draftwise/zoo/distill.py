@@ -8,7 +8,8 @@ learns every domain's answers; each specialist starts from the generalist and co
 own domain only, so it keeps the generalist's language and sharpens on its domain's habits.
 
 Training is next-token cross-entropy on the answers' tokens only (what a drafter is asked to
-predict), with the chat prompt as context.
+predict), with the chat prompt as context. Last, an EAGLE head learns the same answers from the
+target's hidden states (:mod:`draftwise.zoo.distill_eagle`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from draftwise.vocab_map import FILE as VOCAB_FILE
 from draftwise.vocab_map import VocabMap
+from draftwise.zoo.distill_eagle import train_eagle
 from draftwise.zoo.train import ModelShape, TrainConfig, chunk_stream, count_params, train_loop
+
+EAGLE = "eagle"  # the white-box head, trained after the LM drafters on the same labels
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +226,10 @@ def run_distill(target_name: str, data: Path, out: Path, *, plan: Any = None, re
                         label_answers=sum(len(data_of[d]) for d in domains))
             save_drafter(model, vocab, model_dir, meta)
         made.append(name)
+    if not only or EAGLE in only:
+        sequences = {d: [list(p) + list(a) for p, _, a in data_of[d]] for d in DOMAINS}
+        train_eagle(target, target_name, sequences, vocab, out / EAGLE, out / "models" / EAGLE)
+        made.append(EAGLE)
     if install:
         install_drafters(target_name, int(target.config.vocab_size), out / "models", made)
     return made
@@ -243,7 +251,8 @@ def install_drafters(target_name: str, target_vocab: int, models: Path, names: S
         if (dest / zoo_name).exists():
             shutil.rmtree(dest / zoo_name)
         shutil.copytree(models / name, dest / zoo_name)
-        entries[zoo_name] = {"name": zoo_name, "role": "drafter", "domains": meta["domains"],
+        role = {"role": "head", "kind": meta["kind"]} if "kind" in meta else {"role": "drafter"}
+        entries[zoo_name] = {"name": zoo_name, **role, "domains": meta["domains"],
                              "params": meta["params"], "target": target_name, "target_vocab": target_vocab}
     manifest["models"] = list(entries.values())
     (dest / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

@@ -144,10 +144,14 @@ def load_hidden(paths: list[Path]) -> HiddenSet:
 # -- losses (pure functions of a batch) ------------------------------------------------------------------------
 def soft_cross_entropy(features: torch.Tensor, lm_weight: torch.Tensor, top_ids: torch.Tensor,
                        top_logprobs: torch.Tensor) -> torch.Tensor:
-    """−Σ p̃ log q: q = softmax(LM head(features)), p̃ the target's top-k renormalised. (…, H), (…, k)."""
+    """−Σ p̃ log q: q = softmax(LM head(features)), p̃ the target's top-k renormalised. (…, H), (…, k).
+
+    An id of −1 is a token the head cannot propose (outside its vocabulary subset): left out of p̃; a
+    position with none of its top-k in the subset teaches nothing."""
     log_q = torch.log_softmax(features @ lm_weight.T, -1)
-    teacher = torch.softmax(top_logprobs, -1)
-    return -(teacher * log_q.gather(-1, top_ids)).sum(-1).mean()
+    known = top_ids >= 0
+    teacher = torch.softmax(top_logprobs.masked_fill(~known, float("-inf")), -1).nan_to_num(0.0)
+    return -(teacher * log_q.gather(-1, top_ids.clamp(min=0))).sum(-1).mean()
 
 
 def eagle_loss(head: EagleHead, embed_weight: torch.Tensor, lm_weight: torch.Tensor, data: HiddenSet,
