@@ -8,7 +8,13 @@ t, this records what each arm would have accepted had a round started there:
   store holds the earlier prompts' answers, as in a run), and how many of its tokens match;
 - each LM drafter: how many consecutive tokens from t its greedy choice matches, from one
   teacher-forced forward over the answer (along matched tokens its own drafts *are* the answer);
+- each white-box head (``--heads``): its own 8-token chain from the target's hidden states, as the
+  engine drafts it, and how many of its tokens match; its rounds are timed on their own;
 - the causal LM (``--causal-lm``, the generalist): its 8-token greedy draft's confidence per token.
+
+Reported beside the bounds: every single configuration (a lookup at 1–8 tokens, a model drafter at
+1–``--max-lm``) replayed alone, the best of them, and the per-domain oracle (each domain's best
+single configuration in hindsight).
 
 Greedy rounds follow the answer whatever they draft, so any policy's rounds can be replayed exactly:
 
@@ -49,6 +55,7 @@ from draftwise.cached_lm import common_prefix_len
 
 PER_DOMAIN = 8
 LOOKUPS = ("suffix", "pld")
+Rounds = dict[str, dict[int, float]]  # a model drafter's name → seconds of its round by tokens drafted
 
 
 def run_lengths(matches: Sequence[bool]) -> list[int]:
@@ -91,7 +98,7 @@ class Rule:
         return ("lm", k) if k else ("none", 0)
 
 
-def rule_time(positions: Sequence[Position], verify: dict[int, float], lm_round: dict[int, float], rule: Rule,
+def rule_time(positions: Sequence[Position], verify: dict[int, float], rounds: Rounds, rule: Rule,
               lm: str) -> float:
     """The rule's rounds along the answer (exact: greedy rounds follow the answer whatever they draft)."""
     t, total, n = 0, 0.0, len(positions)
@@ -103,7 +110,7 @@ def rule_time(positions: Sequence[Position], verify: dict[int, float], lm_round:
             total += cost_of(verify, k)
             t += min(k, here.lookup_ok["suffix"]) + 1
         elif arm == "lm" and k > 0:
-            total += cost_of(lm_round, k)
+            total += cost_of(rounds[lm], k)
             t += min(k, here.lm_ok[lm]) + 1
         else:
             total += cost_of(verify, 0)
@@ -111,7 +118,7 @@ def rule_time(positions: Sequence[Position], verify: dict[int, float], lm_round:
     return total
 
 
-def best_time(positions: Sequence[Position], verify: dict[int, float], lm_round: dict[int, float],
+def best_time(positions: Sequence[Position], verify: dict[int, float], rounds: Rounds,
               lms: Sequence[str], max_lm: int) -> float:
     """The cheapest way to emit the answer (``len(positions)`` tokens), every round chosen in
     hindsight: none, a lookup at a length up to its proposal, or an LM drafter (one of ``lms``) up to
@@ -131,9 +138,9 @@ def best_time(positions: Sequence[Position], verify: dict[int, float], lm_round:
         for name, length in here.proposed.items():
             for k in range(1, min(length, room) + 1):
                 options.append(cost_of(verify, k) + best[t + min(k, here.lookup_ok[name]) + 1])
-        run = max((here.lm_ok[name] for name in lms), default=0)
-        for k in range(1, min(max_lm if lms else 0, room) + 1):
-            options.append(cost_of(lm_round, k) + best[t + min(k, run) + 1])
+        for name in lms:
+            for k in range(1, min(max_lm, room) + 1):
+                options.append(cost_of(rounds[name], k) + best[t + min(k, here.lm_ok[name]) + 1])
         best[t] = min(options)
     return best[0]
 
@@ -148,23 +155,23 @@ def fixed_time(positions: Sequence[Position], verify: dict[int, float], name: st
     return total
 
 
-def lm_fixed_time(positions: Sequence[Position], verify: dict[int, float], lm_round: dict[int, float], name: str,
+def lm_fixed_time(positions: Sequence[Position], verify: dict[int, float], rounds: Rounds, name: str,
                   k: int) -> float:
     """One LM drafter at draft length ``k`` every round."""
     t, total, n = 0, 0.0, len(positions)
     while t < n:
         draft = min(k, n - t - 1)
-        total += cost_of(lm_round, draft) if draft else cost_of(verify, 0)
+        total += cost_of(rounds[name], draft) if draft else cost_of(verify, 0)
         t += min(draft, positions[t].lm_ok[name]) + 1
     return total
 
 
-def single_times(positions: Sequence[Position], verify: dict[int, float], lm_round: dict[int, float],
+def single_times(positions: Sequence[Position], verify: dict[int, float], rounds: Rounds,
                  lms: Sequence[str], max_lm: int) -> dict[str, float]:
     """Every single configuration's time on one prompt: each lookup at lengths 1–8, each LM drafter
     at lengths 1–``max_lm``."""
     out = {f"{name}@{k}": fixed_time(positions, verify, name, k) for name in LOOKUPS for k in range(1, 9)}
-    out.update({f"{name}@{k}": lm_fixed_time(positions, verify, lm_round, name, k) for name in lms
+    out.update({f"{name}@{k}": lm_fixed_time(positions, verify, rounds, name, k) for name in lms
                 for k in range(1, max_lm + 1)})
     return out
 
@@ -217,6 +224,26 @@ def lm_positions(drafter: Any, ids: list[int], answer: list[int]) -> list[int]:
     return run_lengths([g == a for g, a in zip(guesses, answer)])
 
 
+def head_positions(head: Any, model: Any, ids: list[int], answer: list[int], length: int = 8) -> list[int]:
+    """A white-box head's greedy matches from each answer position (up to ``length``): the target's
+    hidden states along prompt + answer, handed over as the engine hands them, then the head's own
+    chain of ``length`` tokens at every position."""
+    from draftwise.draft import DraftContext
+
+    sequence = ids + answer
+    with torch.inference_mode():
+        hidden = model(input_ids=torch.tensor([sequence]), output_hidden_states=True).hidden_states[-1][0].float()
+    head.begin_query(ids)
+    out, sent = [], 0
+    for t in range(len(answer)):
+        context = sequence[: len(ids) + t]
+        known = len(context) - 1
+        head.observe_target(context, hidden[sent:known], sent)
+        sent = known
+        out.append(common_prefix_len(head.propose(context, length, DraftContext()).tokens, answer[t:]))
+    return out
+
+
 def collect(args: Any) -> dict[str, Any]:
     """Decode every prompt, time the fixed runs, and record every answer position's arms."""
     from draftwise import Generator
@@ -257,6 +284,12 @@ def collect(args: Any) -> dict[str, Any]:
     lm_arm = f"{args.causal_lm}@4"
     lm_traces, lm_answers, lm_wall = fixed_run([f"zoo:{args.causal_lm}", "suffix"], "rule:on=suffix",
                                                f"suffix@8,{lm_arm}")
+    heads = {d.name: (spec, d) for spec in args.heads for d in build_drafters([spec], model, tokenizer, options)}
+    rounds = {}
+    for name, (spec, _) in heads.items():  # a head's rounds, timed on their own: its drafting and the target's
+        head_traces, head_answers, _ = fixed_run([spec], "fixed", f"{name}@4")
+        assert head_answers == answers, "greedy outputs differ"
+        rounds[name] = lm_round_costs(head_traces, f"{name}@4", round_costs(suffix_traces))
     plain.generate(ids[0], max_new_tokens=8)
     start = time.perf_counter()
     plain_answers = [plain.generate(p, max_new_tokens=args.max_new_tokens).token_ids for p in ids]
@@ -270,6 +303,7 @@ def collect(args: Any) -> dict[str, Any]:
     records = []
     for prompt, prompt_ids, answer in zip(prompts, ids, answers):
         runs = {name: lm_positions(d, prompt_ids, answer) for name, d in lms.items()}
+        runs.update({name: head_positions(d, model, prompt_ids, answer) for name, (_, d) in heads.items()})
         confidence = lm_drafts(lms[args.causal_lm], prompt_ids, answer)
         for d in lookups.values():
             d.begin_query(prompt_ids)
@@ -280,16 +314,17 @@ def collect(args: Any) -> dict[str, Any]:
             for name, d in lookups.items():
                 draft = d.propose(context, 8, DraftContext()).tokens
                 proposed[name], ok[name] = len(draft), common_prefix_len(draft, answer[t:])
-            positions.append({"proposed": proposed, "lookup_ok": ok, "lm_ok": {name: runs[name][t] for name in lms},
+            positions.append({"proposed": proposed, "lookup_ok": ok,
+                              "lm_ok": {name: run[t] for name, run in runs.items()},
                               "confidence": [round(c, 4) for c in confidence[t]]})
         for d in lookups.values():
             d.end_query(prompt_ids + answer, len(prompt_ids))
         records.append({"id": prompt.id, "domain": prompt.domain, "positions": positions})
     rule_rounds = sum(r.verify_s + r.policy_s + r.draft_s for t in lm_traces for r in t[1:])
-    return {"verify": verify, "lm_round": lm_round, "measured_rounds_suffix8": measured_rounds,
+    return {"verify": verify, "lm_round": lm_round, "rounds": rounds, "measured_rounds_suffix8": measured_rounds,
             "measured_rounds_rule": rule_rounds,
             "walls": {"plain": plain_wall, "suffix@8": suffix_wall, f"rule suffix@8,{lm_arm}": lm_wall},
-            "causal_lm": args.causal_lm, "lms": list(lms), "prompts": records}
+            "causal_lm": args.causal_lm, "lms": [*lms, *heads], "prompts": records}
 
 
 RULES = [Rule(m, h, k) for m in (1, 2, 3, 4) for h in (0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9) for k in (1, 2, 3, 4)]
@@ -298,7 +333,10 @@ RULES = [Rule(m, h, k) for m in (1, 2, 3, 4) for h in (0.0, 0.3, 0.4, 0.5, 0.6, 
 def evaluate(data: dict[str, Any], max_lm: int) -> dict[str, Any]:
     """The bounds, the causal rules and the single drafters on one collection, in the same costs."""
     verify = {int(k): v for k, v in data["verify"].items()}
-    lm_round, lm = {int(k): v for k, v in data["lm_round"].items()}, data["causal_lm"]
+    lm = data["causal_lm"]
+    lm_round = {int(k): v for k, v in data["lm_round"].items()}
+    own = {name: {int(k): v for k, v in costs.items()} for name, costs in data.get("rounds", {}).items()}
+    lm_round = {name: own.get(name, lm_round) for name in data["lms"]}  # the LMs share the generalist's costs
     totals: dict[str, float] = defaultdict(float)
     by_domain: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for record in data["prompts"]:
@@ -341,6 +379,8 @@ def main() -> None:
                         help="longest LM draft the oracle may choose (LM rounds are timed at 4 tokens)")
     parser.add_argument("--causal-lm", default=None,
                         help="the LM drafter the causal rules draft with (default: the zoo's generalist)")
+    parser.add_argument("--heads", nargs="*", default=[], metavar="SPEC",
+                        help="white-box heads to add to the LM drafters (e.g. zoo:smollm2-eagle), timed on their own")
     parser.add_argument("--replay", default=None, metavar="JSON", help="evaluate a saved collection (--out's)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
