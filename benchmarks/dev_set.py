@@ -46,7 +46,7 @@ def dev_prompts(args: argparse.Namespace, seed: int = 0) -> list[Any]:
 
 def zoo_target() -> tuple[Any, Any, Any]:
     """The zoo's target, its tokenizer and the load options the scripts build drafters with."""
-    from draftwise.loading import LoadOptions, load_causal_lm
+    from draftwise.models.loading import LoadOptions, load_causal_lm
     from draftwise.zoo import resolve_zoo_name
 
     options = LoadOptions()
@@ -57,7 +57,7 @@ def zoo_target() -> tuple[Any, Any, Any]:
 def answerable(model: Any, ids: list[list[int]], max_new: int) -> list[int]:
     """Indices of the prompts the target can continue for ``max_new`` tokens; the others are left
     out, and said so."""
-    from draftwise.loading import context_limit
+    from draftwise.models.loading import context_limit
 
     limit = context_limit(model)
     if limit is None:
