@@ -34,9 +34,9 @@ from typing import Any
 
 from draftwise.bench import batched
 from draftwise.cli import main
-from draftwise.decide import Limits
+from draftwise.decision.core import Limits
+from draftwise.decision.step_costs import StepCostModel, StepShape, length_cap
 from draftwise.engine import batch
-from draftwise.step_costs import StepCostModel, StepShape, length_cap
 
 SWITCHES = {"~nocut": "cut_width", "~rowprefill": "share_prefill", "~noscout": "scout_models",
             "~grow": "reserve_at_join", "~nocap": "cap_acceptance", "~nocredit": "credit_plain",

@@ -51,7 +51,7 @@ from dev_set import answerable, dev_prompts, dev_set_parser, zoo_target  # bench
 from length_oracle import cost_of  # a round's measured cost at k tokens, or the nearest longer one's
 from policy_ab import register_rule_policy
 
-from draftwise.cached_lm import common_prefix_len
+from draftwise.models.cached_lm import common_prefix_len
 
 PER_DOMAIN = 8
 LOOKUPS = ("suffix", "pld")
@@ -247,10 +247,10 @@ def head_positions(head: Any, model: Any, ids: list[int], answer: list[int], len
 def collect(args: Any) -> dict[str, Any]:
     """Decode every prompt, time the fixed runs, and record every answer position's arms."""
     from draftwise import Generator
-    from draftwise.draft import DraftContext
-    from draftwise.drafter_bank import attach_banks
     from draftwise.drafters import ModelDrafter, build_drafters
+    from draftwise.drafters.pool import attach_banks
     from draftwise.drafters.suffix import forget_stored_answers
+    from draftwise.verify.draft import DraftContext
 
     register_rule_policy()
     prompts = dev_prompts(args)

@@ -49,7 +49,7 @@ def dev_prompts(args: argparse.Namespace, seed: int = 0) -> list[Any]:
 def zoo_target(name: str = "zoo:target") -> tuple[Any, Any, Any]:
     """The target (the toy zoo's by default), its tokenizer and the load options the scripts build
     drafters with."""
-    from draftwise.loading import LoadOptions, load_causal_lm, resolve_model_path
+    from draftwise.models.loading import LoadOptions, load_causal_lm, resolve_model_path
 
     options = LoadOptions()
     model, tokenizer = load_causal_lm(resolve_model_path(name), options)
@@ -59,7 +59,7 @@ def zoo_target(name: str = "zoo:target") -> tuple[Any, Any, Any]:
 def answerable(model: Any, ids: list[list[int]], max_new: int) -> list[int]:
     """Indices of the prompts the target can continue for ``max_new`` tokens; the others are left
     out, and said so."""
-    from draftwise.loading import context_limit
+    from draftwise.models.loading import context_limit
 
     limit = context_limit(model)
     if limit is None:

@@ -3,10 +3,10 @@
 Agreement per answer position: greedy (``--temperature 0``) whether the drafter's top-1 is the
 target's token; sampled, Σ min(p, q) = 1 − TV of the two warped distributions (a chain draft's
 per-token acceptance under rejection sampling). No clock: the figures are the same on any machine.
-The routed arm's pick (the prompt fit, :class:`draftwise.engine.routing.PromptFit`) is reported per
+The routed arm's pick (the prompt fit, :class:`draftwise.decision.routing.PromptFit`) is reported per
 domain with the agreement it gets, against the best single drafter's, and so is the pick of routing
 as the engine does it for sampled queries: the prompt fit moved by what a
-:class:`~draftwise.engine.routing.RouteMemory` learned from the earlier prompts' answers (the
+:class:`~draftwise.decision.routing.RouteMemory` learned from the earlier prompts' answers (the
 prompts in the order given, the memory taught as the engine teaches it).
 
     python benchmarks/drafter_agreement.py --per-domain 3                                # zoo:dev
@@ -31,9 +31,9 @@ def main() -> None:
     import torch
 
     from draftwise import Generator
+    from draftwise.decision.routing import PromptFit, RouteMemory, best_fit, learn_route
     from draftwise.drafters import DraftContext, build_drafters
-    from draftwise.engine.routing import PromptFit, RouteMemory, best_fit, learn_route
-    from draftwise.verify import Sampling, warp
+    from draftwise.verify.chain import Sampling, warp
 
     model, tokenizer, options = zoo_target(args.target)
     drafters = build_drafters(["zoo:all"], model, tokenizer, options)

@@ -34,8 +34,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from draftwise.cached_lm import CachedLM
-    from draftwise.drafter_bank import BankLM, LlamaBank
+    from draftwise.models.cached_lm import CachedLM
+    from draftwise.models.drafter_bank import BankLM, LlamaBank
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=8192, hidden_size=128, intermediate_size=344, num_hidden_layers=1,

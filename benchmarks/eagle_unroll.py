@@ -26,8 +26,8 @@ from conftest import build_models  # the tests' tiny models
 from draftwise import Generator
 from draftwise.drafters.eagle import EagleDrafter, EagleHead, eagle_config
 from draftwise.drafters.whitebox import target_dims
-from draftwise.loading import LoadOptions, load_causal_lm
-from draftwise.zoo.heads import collect_hidden, eagle_loss
+from draftwise.models.loading import LoadOptions, load_causal_lm
+from draftwise.training.heads import collect_hidden, eagle_loss
 
 # defaults, one line each
 STEPS = 300  # full-batch training steps per head

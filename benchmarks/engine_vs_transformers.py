@@ -81,7 +81,7 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     from draftwise import Generator
-    from draftwise.loading import LoadOptions, load_causal_lm
+    from draftwise.models.loading import LoadOptions, load_causal_lm
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()

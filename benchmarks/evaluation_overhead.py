@@ -25,7 +25,7 @@ QUERIES = 4  # timed queries per configuration
 
 @torch.inference_mode()
 def target_forward_ms(model, context: int = 160, repeats: int = 60) -> float:
-    from draftwise.cached_lm import CachedLM
+    from draftwise.models.cached_lm import CachedLM
 
     lm = CachedLM(model)
     tokens = list(range(10, 10 + context))

@@ -6,7 +6,7 @@
 (BUILD: a zoo build folder, ``draftwise zoo build``; HEADS: a folder of head folders.)
 
 EAGLE drafts depend on the head's own predicted features, not only on tokens, so the teacher-forced
-shortcut of ``draftwise.zoo.evaluate`` does not apply: every cell runs ``Generator`` with
+shortcut of ``draftwise.training.evaluate`` does not apply: every cell runs ``Generator`` with
 ``policy="fixed:0"`` (greedy, one drafter, fixed draft length) on the build's held-out dev prompts.
 Every generation is also checked token-exact against the plain target run (losslessness).
 """
@@ -27,9 +27,9 @@ import transformers
 
 from draftwise import Generator
 from draftwise.drafters import build_drafters
-from draftwise.loading import LoadOptions, load_causal_lm
-from draftwise.zoo.corpus import DOMAINS, read_split
-from draftwise.zoo.tokenizer import encode_prompts
+from draftwise.models.loading import LoadOptions, load_causal_lm
+from draftwise.training.corpus import DOMAINS, read_split
+from draftwise.training.tokenizer import encode_prompts
 
 # defaults, one line each
 N_PROMPTS = 12  # dev prompts per domain

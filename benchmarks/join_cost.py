@@ -14,9 +14,9 @@ from collections.abc import Callable
 import torch
 
 from draftwise.api import DEFAULT_POLICY, Generator
-from draftwise.drafter_bank import attach_banks
+from draftwise.drafters.pool import attach_banks
 from draftwise.engine.query import QuerySettings
-from draftwise.verify import Sampling
+from draftwise.verify.chain import Sampling
 
 
 def per_call_ms(work: Callable[[], object], calls: int) -> float:

@@ -71,7 +71,7 @@ class MinLength:
         return getattr(self.inner, name)
 
     def propose(self, context: Sequence[int], max_len: int, ctx: Any, stop: Any = None) -> Any:
-        from draftwise.draft import Draft
+        from draftwise.verify.draft import Draft
 
         draft = self.inner.propose(context, max_len, ctx, stop)
         return draft if len(draft.tokens) >= self.least else Draft([])
@@ -86,7 +86,7 @@ def main() -> None:
                         help="run this config without the coupled-sampling noise screen (repeatable)")
     parser.add_argument("--no-route-memory", action="append", default=[], metavar="LABEL",
                         help="run this config with routing on the prompt alone "
-                             "(draftwise.engine.routing.RouteMemory off; repeatable)")
+                             "(draftwise.decision.routing.RouteMemory off; repeatable)")
     parser.add_argument("--shuffle", type=int, default=None, metavar="SEED",
                         help="run the prompts in a random order (default: grouped by domain, as bench runs them)")
     args = parser.parse_args()

@@ -24,9 +24,9 @@ def main() -> None:
     args = dev_set_parser(__doc__, PER_DOMAIN, THREADS).parse_args()
     prompts = dev_prompts(args, SEED)
     from draftwise import Generator
+    from draftwise.decision.routing import PromptFit
     from draftwise.drafters import DraftContext
-    from draftwise.engine import PromptFit
-    from draftwise.verify import Sampling
+    from draftwise.verify.chain import Sampling
 
     gen = Generator.from_pretrained("zoo:target", ["zoo:all", "pld"])
     routed = next(arm for arm in gen.arms if arm.route)

@@ -3,7 +3,7 @@ cost per drafted token in the engine's loop against the target's cost per token 
 
     python benchmarks/real_zoo.py --build BUILD --out docs/results/real-zoo-2026-11-27/zoo.json
 
-Acceptance comes from draftwise.zoo.evaluate (the exact greedy round structure from one
+Acceptance comes from draftwise.training.evaluate (the exact greedy round structure from one
 teacher-forced drafter pass along the target's own greedy answer; draft length 5). Costs come
 from the engine's round records: a ``fixed`` arm per drafter at draft length 4 on a few dev
 prompts, draft seconds per drafted token (on the drafter bank, as the engine runs it), against
@@ -31,7 +31,7 @@ THREADS = 1
 
 
 def continuations(target, tokenizer, prompts, cache: Path) -> list[list[int]]:
-    from draftwise.zoo.labels import greedy_answers
+    from draftwise.training.labels import greedy_answers
 
     if cache.exists():
         return json.loads(cache.read_text())
@@ -54,11 +54,11 @@ def main() -> None:
 
     from draftwise import Generator
     from draftwise.drafters import build_drafters
-    from draftwise.loading import LoadOptions
+    from draftwise.models.loading import LoadOptions
+    from draftwise.training.corpus import DOMAINS, read_split
+    from draftwise.training.evaluate import drafter_stats
+    from draftwise.training.labels import chat_prompt_ids
     from draftwise.zoo import zoo_drafter_names
-    from draftwise.zoo.corpus import DOMAINS, read_split
-    from draftwise.zoo.evaluate import drafter_stats
-    from draftwise.zoo.labels import chat_prompt_ids
 
     names = [f"zoo:{n}" for n in zoo_drafter_names(target=args.target)]
     plain = Generator.from_pretrained(args.target, [], policy="fixed:none")

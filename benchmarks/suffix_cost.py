@@ -23,7 +23,7 @@ import time
 import tracemalloc
 
 from draftwise.drafters import DraftContext, SuffixDrafter
-from draftwise.verify import Sampling
+from draftwise.verify.chain import Sampling
 
 VOCAB = 400
 

@@ -78,8 +78,8 @@ def spec_label(spec: str) -> str:
 
 def dev_prompts(build: Path, domains: list[str], per_domain: int, tokenizer) -> list[list[int]]:
     """The first ``per_domain`` dev prompts of each domain, interleaved domain by domain."""
-    from draftwise.zoo.corpus import read_split
-    from draftwise.zoo.tokenizer import encode_prompts
+    from draftwise.training.corpus import read_split
+    from draftwise.training.tokenizer import encode_prompts
 
     by_domain = [encode_prompts(tokenizer, read_split(build / "corpus" / "dev" / f"{d}.jsonl")[:per_domain])
                  for d in domains]
@@ -109,7 +109,7 @@ def main() -> None:
 
     from draftwise import Generator
     from draftwise.drafters import build_drafters
-    from draftwise.loading import LoadOptions, load_causal_lm
+    from draftwise.models.loading import LoadOptions, load_causal_lm
 
     hf_logging.disable_progress_bar()
     tmp = tempfile.TemporaryDirectory()

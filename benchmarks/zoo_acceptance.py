@@ -3,7 +3,7 @@
     python benchmarks/zoo_acceptance.py --build BUILD --out results/zoo_acceptance.json
     python benchmarks/zoo_acceptance.py --build DIR --crosscheck math,sql --crosscheck-prompts 3
 
-The table comes from draftwise.zoo.evaluate (exact greedy round structure from one teacher-forced
+The table comes from draftwise.training.evaluate (exact greedy round structure from one teacher-forced
 drafter pass, see its docstring). ``--crosscheck`` re-runs a few cells through the engine
 (``Generator`` with ``policy="fixed:NAME"``) and reports whether tokens and rounds agree.
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from draftwise.zoo.corpus import DOMAINS, read_split
-from draftwise.zoo.evaluate import (
+from draftwise.training.corpus import DOMAINS, read_split
+from draftwise.training.evaluate import (
     drafter_stats,
     evaluate_zoo,
     format_table,
@@ -30,8 +30,8 @@ from draftwise.zoo.evaluate import (
     specialist_bar,
     target_continuations,
 )
+from draftwise.training.tokenizer import encode_prompts
 from draftwise.zoo.load import resolve_zoo_name, shipped_models_dir
-from draftwise.zoo.tokenizer import encode_prompts
 
 # defaults, one line each
 N_PROMPTS = 100  # held-out prompts per domain (all of each dev split)

@@ -18,9 +18,9 @@ torch.set_num_threads(1)
 def float32_drafter_heads(monkeypatch):
     """Lean-path drafters compute like transformers (to 1e-6) unless a test asks for bfloat16 heads:
     many tests compare a drafter with a fresh transformers forward, or rely on an identical twin."""
-    import draftwise.drafter_bank
+    import draftwise.models.drafter_bank
 
-    monkeypatch.setattr(draftwise.drafter_bank, "DEFAULT_HEAD_DTYPE", "float32")
+    monkeypatch.setattr(draftwise.models.drafter_bank, "DEFAULT_HEAD_DTYPE", "float32")
 
 
 @pytest.fixture(autouse=True)
@@ -28,14 +28,14 @@ def grad_mode_is_left_as_found():
     """A test that leaves autograd off (``no_grad`` entered and never left) would fail every later
     training test of its worker process, far from the cause; so would inference mode left on. Restore
     both modes, and name the test in a warning. (The engine itself restores them after an interrupt:
-    draftwise.grad_modes.)"""
+    draftwise.models.grad_modes.)"""
     yield
     leaked = [name for name, on in (("autograd off", not torch.is_grad_enabled()),
                                     ("inference mode on", torch.is_inference_mode_enabled())) if on]
     if leaked:
         import warnings
 
-        from draftwise.grad_modes import GradModes
+        from draftwise.models.grad_modes import GradModes
 
         GradModes(grad=True, inference=False).restore()
         warnings.warn(f"this test left {' and '.join(leaked)} (both restored)", stacklevel=1)

@@ -20,12 +20,12 @@ from test_lossless_sampling import DRAFTERS, DRAWS, NEW, PROMPT, _model, chi_squ
 from test_whitebox import TREES, heads_dir, llama  # noqa: F401 (fixtures)
 
 from draftwise import Generator
-from draftwise.batched_lm import BatchedLM
-from draftwise.cached_lm import CachedLM
 from draftwise.drafters import build_drafters, load_head_drafter
 from draftwise.errors import DraftwiseError
-from draftwise.loading import LoadOptions, load_causal_lm
-from draftwise.verify import Sampling
+from draftwise.models.batched_lm import BatchedLM
+from draftwise.models.cached_lm import CachedLM
+from draftwise.models.loading import LoadOptions, load_causal_lm
+from draftwise.verify.chain import Sampling
 
 TIE = 1e-4  # batching changes float rounding: only a near-tie of the top two logits may flip
 
@@ -351,7 +351,7 @@ def test_the_shared_learner_hears_the_rounds_its_lanes_heard(tiny_models) -> Non
 
 def _measure_draft_cost(costs: Any) -> None:
     """Steps that pin down what a draft token costs (the cap trusts nothing less)."""
-    from draftwise.step_costs import StepShape
+    from draftwise.decision.step_costs import StepShape
 
     for drafted in (0, 64, 0, 128, 32, 0, 96, 16) * 4:
         costs.observe(StepShape(3, drafted, 0.002 + 1e-4 * drafted))
@@ -392,8 +392,8 @@ def test_the_load_cap_waits_until_a_draft_token_cost_is_measured(tiny_models) ->
 
 
 def _unaffordable(engine: Any, requests: int, cap: int) -> frozenset[int]:
-    """The arms no lane may play at this load with every draft capped at ``cap`` (draftwise.decide)."""
-    from draftwise.decide import limits_at, model_cap
+    """The arms no lane may play at this load with every draft capped at ``cap`` (draftwise.decision.core)."""
+    from draftwise.decision.core import limits_at, model_cap
 
     models = model_cap(engine.costs, engine.book, requests, engine.cap_acceptance, engine.model_summary)
     return limits_at(engine.book, cap, models).blocked
@@ -483,7 +483,7 @@ def test_drafts_are_cut_to_the_width_that_pays_for_the_padded_batch(tiny_models)
     """Every row of a forward is padded to the longest draft: where the measured survival says no
     width pays (here: a prior of 1 % per token that no verdict can move), drafts are cut to nothing
     but in the rounds kept for measuring — and the text stays exact."""
-    from draftwise.step_costs import DraftSurvival
+    from draftwise.decision.step_costs import DraftSurvival
 
     gen = _generator(tiny_models, "llama-target", ["pld"], "fixed", arms="pld@8")
     prompts = [[1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]] * 3
@@ -508,7 +508,7 @@ def test_growing_the_kv_buffers_is_not_charged_to_a_forward(tiny_models, monkeyp
     then stopped all drafting."""
     import time as clock
 
-    from draftwise.batched_lm import RowLayer
+    from draftwise.models.batched_lm import RowLayer
 
     grow = RowLayer.resize
 
@@ -537,7 +537,7 @@ def test_docstring_examples_of_the_batched_engine() -> None:
     import doctest
     import importlib
 
-    for name in ("draftwise.engine.batch", "draftwise.step_costs"):
+    for name in ("draftwise.engine.batch", "draftwise.decision.step_costs"):
         result = doctest.testmod(importlib.import_module(name))
         assert result.failed == 0 and result.attempted > 0, name
 

@@ -14,8 +14,9 @@ import torch
 
 from draftwise.bench.datasets import load_prompt_file, load_prompt_files
 from draftwise.bench.methods import EngineMethod, Output, expand_methods, register_method, split_methods
-from draftwise.bench.report import SUMMARY_KEYS, mismatched_keys, oracle_rows, summarize_rows
+from draftwise.bench.report import SUMMARY_KEYS, summarize_rows
 from draftwise.bench.router import route_table, train_router
+from draftwise.bench.rows import mismatched_keys, oracle_rows
 from draftwise.bench.runner import BenchConfig, read_rows, run_bench
 from draftwise.cli import main
 from draftwise.errors import DraftwiseError

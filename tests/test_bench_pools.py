@@ -10,7 +10,7 @@ import torch
 
 from draftwise.bench.methods import build_method
 from draftwise.bench.runner import BenchConfig, load_workbench
-from draftwise.datastore import Datastore
+from draftwise.retrieval.datastore import Datastore
 
 torch.set_num_threads(1)
 

@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from draftwise import Generator
-from draftwise.cached_lm import CachedLM, cache_keyword, common_prefix_len
 from draftwise.drafters import LMDrafter, build_drafters
-from draftwise.loading import LoadOptions, load_causal_lm
+from draftwise.models.cached_lm import CachedLM, cache_keyword, common_prefix_len
+from draftwise.models.loading import LoadOptions, load_causal_lm
 from draftwise.policies.simple import RandomPolicy
 
 TOL = 1e-4

@@ -4,7 +4,7 @@ that count tokens (``length``, ``be``) instead of seconds, a step-cost model wit
 a model drafter's cost per token fixed, and the vLLM proposer on its fake clock.
 
 The sequences below are the reference behaviour of the three drivers, which all decide through
-:mod:`draftwise.decide`: a change to what any of them decides shows here first.
+:mod:`draftwise.decision.core`: a change to what any of them decides shows here first.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 from test_vllm_logic import FACTS, Clock, serve
 
 from draftwise import Generator
+from draftwise.decision.step_costs import StepCostModel, StepShape
 from draftwise.drafters import build_drafters
-from draftwise.loading import LoadOptions, load_causal_lm
-from draftwise.step_costs import StepCostModel, StepShape
+from draftwise.models.loading import LoadOptions, load_causal_lm
 from draftwise.vllm.core import ProposerCore
 from draftwise.vllm.options import ProposerOptions
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from draftwise import Generator
-from draftwise.arms import ArmSettings, build_arms
+from draftwise.decision.arms import ArmSettings, build_arms
 from draftwise.drafters import build_drafters
 from draftwise.errors import DraftwiseError
-from draftwise.loading import LoadOptions, load_causal_lm
+from draftwise.models.loading import LoadOptions, load_causal_lm
 from draftwise.policies import make_policy
 from draftwise.trace import RoundRecord
 
@@ -317,10 +317,10 @@ def test_routed_arm_under_full_information_is_routed_before_round_one(pool, tiny
 def test_prompt_fit_leaves_lookups_on_the_whole_prompt(pool) -> None:
     """Model drafters are scored on the prompt's tail only; a lookup's state must follow the whole
     prompt, or its later drafts would come from a misaligned stream."""
+    from draftwise.decision.routing import PromptFit
     from draftwise.drafters import DraftContext
     from draftwise.drafters.suffix import SuffixDrafter
-    from draftwise.engine import PromptFit
-    from draftwise.verify import Sampling
+    from draftwise.verify.chain import Sampling
 
     model, tokenizer, make = pool
     gen = Generator(model, tokenizer, make(), policy="ucb:prompt_prior=2")
@@ -385,8 +385,8 @@ def test_the_default_hears_what_no_speculation_would_have_earned(pool, monkeypat
 
 
 def test_routing_learns_which_drafters_answers_fit_worse_than_their_prompts() -> None:
+    from draftwise.decision.routing import PromptFit, RouteMemory, learn_route
     from draftwise.drafters import DraftContext
-    from draftwise.engine.routing import PromptFit, RouteMemory, learn_route
 
     memory = RouteMemory(weight=0.5, prior_queries=4.0)
     assert memory.offset(0) == 0.0
@@ -423,7 +423,7 @@ def test_an_ended_sampled_routed_query_teaches_the_route_memory(pool) -> None:
 
 
 def test_once_the_evidence_is_in_only_one_routed_answer_in_a_few_is_scored() -> None:
-    from draftwise.engine.routing import ANSWER_ALL, ANSWER_EVERY, RouteMemory
+    from draftwise.decision.routing import ANSWER_ALL, ANSWER_EVERY, RouteMemory
 
     memory = RouteMemory()
     scored = []

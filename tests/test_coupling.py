@@ -17,7 +17,9 @@ import torch
 from test_batch import _generator, _spec
 
 from draftwise import Generator
-from draftwise.coupling import (
+from draftwise.errors import DraftwiseError
+from draftwise.verify.chain import Sampling, acceptance_probs, verify_greedy, warp
+from draftwise.verify.coupling import (
     DrawJob,
     NoiseScreen,
     PositionNoise,
@@ -30,8 +32,6 @@ from draftwise.coupling import (
     uniforms,
     uniforms_torch,
 )
-from draftwise.errors import DraftwiseError
-from draftwise.verify import Sampling, acceptance_probs, verify_greedy, warp
 
 POOLS = {
     # name: (drafters, policy, arms)

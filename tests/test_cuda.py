@@ -16,7 +16,7 @@ from test_batch import SETUPS, _spec, assert_exact
 
 from draftwise import Generator
 from draftwise.drafters import build_drafters
-from draftwise.loading import LoadOptions, load_causal_lm
+from draftwise.models.loading import LoadOptions, load_causal_lm
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 CUDA = LoadOptions(device="cuda")
@@ -75,7 +75,7 @@ def test_the_zoo_on_cuda() -> None:
 def test_the_coupled_noise_is_the_same_on_cuda() -> None:
     """The noise is hashed where the scores are: the same uniforms bit for bit on the GPU, the same
     Gumbel values up to the last bits of float32's log."""
-    from draftwise.coupling import gumbel_rows, noise_keys, uniforms
+    from draftwise.verify.coupling import gumbel_rows, noise_keys, uniforms
 
     keys = [noise_keys(seed, position) for seed in (0, 9) for position in (0, 5, 4000)]
     assert torch.equal(uniforms(keys, 8000, "cuda").cpu(), uniforms(keys, 8000))

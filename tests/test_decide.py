@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from draftwise.arms import Arm
-from draftwise.decide import (
+from draftwise.decision.arms import Arm
+from draftwise.decision.core import (
     NO_LIMITS,
     ArmBook,
     Choice,
@@ -21,9 +21,9 @@ from draftwise.decide import (
     make_learner,
     warm_start,
 )
+from draftwise.decision.step_costs import StepCostModel, length_cap
 from draftwise.drafters import PromptLookupDrafter, SuffixDrafter
 from draftwise.policies import make_policy
-from draftwise.step_costs import StepCostModel, length_cap
 from draftwise.trace import RoundRecord
 
 NAMES = ("pld@8", "model@4", "none")

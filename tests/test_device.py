@@ -36,7 +36,7 @@ def test_no_tensor_is_built_off_the_models_device(tiny_models, drafters, policy,
 def test_a_timed_batched_forward_waits_for_an_asynchronous_device(monkeypatch) -> None:
     """Sampled rounds take no argmax (which would wait): the step-cost model times the forward, so on a
     GPU the forward must wait for its kernels; the CPU needs no wait."""
-    from draftwise.batched_lm import wait_for
+    from draftwise.models.batched_lm import wait_for
 
     waited: list[str] = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: waited.append("cuda"))

@@ -11,9 +11,9 @@ import torch
 
 from draftwise import Generator
 from draftwise.drafters import build_drafters
-from draftwise.loading import LoadOptions, load_causal_lm
-from draftwise.vocab_map import VocabMap
-from draftwise.zoo.distill import (
+from draftwise.models.loading import LoadOptions, load_causal_lm
+from draftwise.models.vocab_map import VocabMap
+from draftwise.training.distill import (
     DrafterRecipe,
     choose_vocabulary,
     new_drafter,
@@ -21,9 +21,9 @@ from draftwise.zoo.distill import (
     train_drafter,
     training_stream,
 )
-from draftwise.zoo.distill_eagle import EagleRecipe, train_eagle
-from draftwise.zoo.heads import soft_cross_entropy
-from draftwise.zoo.train import ModelShape, TrainConfig
+from draftwise.training.distill_eagle import EagleRecipe, train_eagle
+from draftwise.training.heads import soft_cross_entropy
+from draftwise.training.train import ModelShape, TrainConfig
 
 
 def test_the_vocabulary_is_the_most_frequent_answer_tokens_then_prompt_tokens() -> None:
@@ -84,8 +84,8 @@ def test_transformers_assisted_generation_runs_a_vocabulary_subset_drafter_throu
 
 
 def test_labels_resume_past_a_torn_line_and_join_back_by_instruction(tmp_path) -> None:
-    from draftwise.zoo.corpus import Example
-    from draftwise.zoo.labels import done_keys, instruction_key, read_labels
+    from draftwise.training.corpus import Example
+    from draftwise.training.labels import done_keys, instruction_key, read_labels
 
     examples = [Example("code", "src", f"instruction {i}", "") for i in range(3)]
     path = tmp_path / "code.jsonl"
@@ -98,7 +98,7 @@ def test_labels_resume_past_a_torn_line_and_join_back_by_instruction(tmp_path) -
 def test_batched_greedy_answers_equal_one_at_a_time_decoding(tiny_models) -> None:
     from transformers import AutoModelForCausalLM
 
-    from draftwise.zoo.labels import greedy_answers
+    from draftwise.training.labels import greedy_answers
 
     model = AutoModelForCausalLM.from_pretrained(tiny_models["llama-target"]).eval()
     prompts = [[3, 4, 5], [6, 7, 8, 9, 10, 11], [12]]

@@ -8,8 +8,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from draftwise.drafter_bank import BankLM, LlamaBank, attach_banks, bank_key
 from draftwise.drafters import LMDrafter
+from draftwise.drafters.pool import attach_banks
+from draftwise.models.drafter_bank import BankLM, LlamaBank, bank_key
 
 TOL = 1e-4
 
@@ -92,7 +93,7 @@ def test_bfloat16_head_is_close_to_float32_and_batched_equals_one_by_one() -> No
 @pytest.mark.parametrize("head_dtype", ["float32", "bfloat16"])
 def test_top1_all_agrees_with_the_logits(head_dtype: str) -> None:
     """Routing's top-1 hits (scored per drafter in the head's precision) are those of the full logits."""
-    from draftwise.verify import top1_hits
+    from draftwise.verify.chain import top1_hits
 
     models = _llamas(3)
     tokens = [(5 * i + 3) % 97 for i in range(20)]

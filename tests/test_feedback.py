@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from draftwise.errors import DraftwiseError
-from draftwise.feedback import (
+from draftwise.policies.feedback import (
     LOSSES,
     SIGNALS,
     expected_accept_length,
@@ -148,7 +148,8 @@ def test_docstring_examples_of_the_learners_signals_and_simulator() -> None:
     import doctest
     import importlib
 
-    names = ["draftwise.feedback", "draftwise.policies.base", "draftwise.policies.ucb", "draftwise.policies.ucb_family",
+    names = ["draftwise.policies.feedback", "draftwise.policies.base", "draftwise.policies.ucb",
+             "draftwise.policies.ucb_family",
              "draftwise.policies.exp3", "draftwise.policies.thompson", "draftwise.policies.halving",
              "draftwise.policies.hedge", "draftwise.policies.delayed", "draftwise.sim.process", "draftwise.cli.sim"]
     for name in names:

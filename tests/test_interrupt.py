@@ -12,9 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from draftwise import Generator
-from draftwise.draft import Draft
 from draftwise.drafters import Drafter
-from draftwise.grad_modes import GradModes, interrupted
+from draftwise.models.grad_modes import GradModes, interrupted
+from draftwise.verify.draft import Draft
 
 
 class Alarm:

@@ -107,7 +107,7 @@ def brute_force_best(tries: list[SuffixTrie], context: list[int], max_len: int, 
 def test_suffix_drafter_drafts_the_best_scoring_match_in_either_trie() -> None:
     from draftwise.drafters.base import DraftContext
     from draftwise.drafters.suffix import SuffixDrafter
-    from draftwise.verify import Sampling
+    from draftwise.verify.chain import Sampling
 
     rng = random.Random(2)
     ctx = DraftContext(Sampling())
@@ -129,10 +129,10 @@ def test_under_coupled_sampling_the_suffix_draft_branches_where_the_targets_nois
     with the noise the target's own draw uses at that position (a point mass where it has one child)."""
     import math
 
-    from draftwise.coupling import PositionNoise, gumbel_value
     from draftwise.drafters.base import DraftContext
     from draftwise.drafters.suffix import SuffixDrafter
-    from draftwise.verify import Sampling
+    from draftwise.verify.chain import Sampling
+    from draftwise.verify.coupling import PositionNoise, gumbel_value
 
     # "1 2" is followed by 3 three times and by 4 once, then "1 2" again: the draft's first token
     # is a choice between 3 (count 3) and 4 (count 1)
@@ -156,7 +156,7 @@ def test_a_long_repetition_drafts_the_whole_budget() -> None:
     a shorter match of the same passage drafts the full budget, and scoring finds it."""
     from draftwise.drafters.base import DraftContext
     from draftwise.drafters.suffix import SuffixDrafter
-    from draftwise.verify import Sampling
+    from draftwise.verify.chain import Sampling
 
     passage = list(range(100, 140))
     drafter = SuffixDrafter(depth=24)
@@ -171,7 +171,7 @@ def test_pool_copies_draft_from_each_others_growing_responses() -> None:
     from draftwise.drafters.base import DraftContext
     from draftwise.drafters.pool import DrafterPool
     from draftwise.drafters.suffix import SuffixDrafter, SuffixTrie
-    from draftwise.verify import Sampling
+    from draftwise.verify.chain import Sampling
 
     ctx = DraftContext(Sampling())
     pool = DrafterPool([SuffixDrafter(depth=8, store_tokens=60)])
@@ -221,7 +221,7 @@ def test_fast_first_tokens_along_equal_proposing_at_every_position() -> None:
     from draftwise.drafters.base import DraftContext, Drafter
     from draftwise.drafters.prompt_lookup import PromptLookupDrafter
     from draftwise.drafters.suffix import SuffixDrafter
-    from draftwise.verify import Sampling
+    from draftwise.verify.chain import Sampling
 
     rng = random.Random(3)
     ctx = DraftContext(Sampling(), eos_ids=frozenset({0}))
@@ -247,7 +247,7 @@ def test_pld_skips_single_token_matches_unless_asked() -> None:
     from draftwise.drafters import build_drafters
     from draftwise.drafters.base import DraftContext
     from draftwise.errors import DraftwiseError
-    from draftwise.verify import Sampling
+    from draftwise.verify.chain import Sampling
 
     ctx = DraftContext(Sampling())
     one_gram = [7, 1, 2, 9, 3, 7]  # only "7" recurs
@@ -267,7 +267,7 @@ def test_forgetting_answers_leaves_only_the_query_itself() -> None:
     """A benchmark's timed run starts without what earlier runs answered to the same prompts."""
     from draftwise.drafters.base import DraftContext
     from draftwise.drafters.suffix import SuffixDrafter
-    from draftwise.verify import Sampling
+    from draftwise.verify.chain import Sampling
 
     ctx = DraftContext(Sampling())
     drafter = SuffixDrafter(depth=8)
@@ -292,7 +292,7 @@ def test_arctic_suffix_without_its_package_is_one_clear_error(monkeypatch) -> No
     from draftwise.drafters import build_drafters
     from draftwise.drafters.arctic_suffix import arctic_available
     from draftwise.errors import DraftwiseError
-    from draftwise.loading import LoadOptions
+    from draftwise.models.loading import LoadOptions
 
     monkeypatch.setitem(sys.modules, "arctic_inference.suffix_decoding", None)  # import fails
     assert not arctic_available()

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from draftwise import Generator
 from draftwise.api import DEFAULT_POLICY
 from draftwise.drafters import Drafter, build_drafters
-from draftwise.loading import LoadOptions, load_causal_lm
+from draftwise.models.loading import LoadOptions, load_causal_lm
 
 CASES_PER_SETUP = 36
 SETUPS = {
@@ -39,7 +39,7 @@ class AlwaysWrong(Drafter):
     name = "wrong"
 
     def __init__(self, model) -> None:
-        from draftwise.cached_lm import CachedLM
+        from draftwise.models.cached_lm import CachedLM
 
         self.lm = CachedLM(model)
 

@@ -17,8 +17,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from draftwise import Generator
 from draftwise.drafters import Draft, Drafter, LMDrafter, PromptLookupDrafter, SuffixDrafter
-from draftwise.verify import Sampling, warp
-from draftwise.vocab_map import VocabMap, attach_vocab_map
+from draftwise.models.vocab_map import VocabMap, attach_vocab_map
+from draftwise.verify.chain import Sampling, warp
 
 VOCAB = 5
 NEW = 3

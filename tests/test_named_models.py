@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftwise import named_models
 from draftwise.errors import DraftwiseError
-from draftwise.named_models import COMPLETE, NamedModel, WheelSource, resolve_named_model
-from draftwise.vocab_map import VocabMap, load_vocab_map
+from draftwise.models import named_models
+from draftwise.models.named_models import COMPLETE, NamedModel, WheelSource, resolve_named_model
+from draftwise.models.vocab_map import VocabMap, load_vocab_map
 from draftwise.zoo.load import expand_zoo_names, zoo_drafter_names, zoo_target_of
 
 # ----------------------------------------------------------------------------- vocabulary subsets

@@ -14,11 +14,11 @@ from transformers import AutoModelForCausalLM
 
 from draftwise import Generator
 from draftwise.api import DEFAULT_POLICY
-from draftwise.drafter_bank import BankLM, LlamaBank
 from draftwise.drafters import DraftContext, LMDrafter, build_drafters
-from draftwise.loading import LoadOptions, load_causal_lm
+from draftwise.models.drafter_bank import BankLM, LlamaBank
+from draftwise.models.loading import LoadOptions, load_causal_lm
 from draftwise.policies import PRESETS
-from draftwise.verify import Sampling, warp
+from draftwise.verify.chain import Sampling, warp
 
 PRESET_NAMES = sorted(PRESETS) + [DEFAULT_POLICY]  # the papers' presets and our default
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from draftwise import Generator
-from draftwise.pools import DEFAULT_TARGET, default_drafters
+from draftwise.models.defaults import DEFAULT_TARGET, default_drafters
 from draftwise.zoo import zoo_drafter_names
 
 PROMPT = "Write a Python function that returns the square of a number."
@@ -37,7 +37,7 @@ REAL_DRAFTERS = [f"zoo:{name}" for name in zoo_drafter_names(target=DEFAULT_TARG
 @pytest.mark.parametrize("drafter", ["pld", "suffix", *REAL_DRAFTERS[:2]])
 def test_each_drafter_kind_keeps_the_target_s_tokens(real_target: Generator, drafter: str) -> None:
     from draftwise.drafters import build_drafters
-    from draftwise.loading import LoadOptions
+    from draftwise.models.loading import LoadOptions
 
     plain = real_target.generate(PROMPT, max_new_tokens=NEW)
     pool = build_drafters([drafter], real_target.target.model, real_target.tokenizer, LoadOptions())

@@ -15,12 +15,12 @@ from transformers import AutoModelForCausalLM
 
 from draftwise import Generator
 from draftwise.cli import main
-from draftwise.datastore import Datastore, concatenate_documents
 from draftwise.drafters import DraftContext, build_drafters
 from draftwise.drafters.retrieval import RetrievalDrafter
 from draftwise.errors import DraftwiseError
-from draftwise.loading import LoadOptions, load_causal_lm
-from draftwise.suffix_array import (
+from draftwise.models.loading import LoadOptions, load_causal_lm
+from draftwise.retrieval.datastore import Datastore, concatenate_documents
+from draftwise.retrieval.suffix_array import (
     SEPARATOR,
     continuation_tree,
     continuation_windows,
@@ -68,11 +68,12 @@ def _brute_greedy(counts: dict[tuple[int, ...], int], total: int, max_len: int, 
 
 
 def test_docstring_examples() -> None:
-    import draftwise.corpora
-    import draftwise.datastore
-    import draftwise.suffix_array
+    import draftwise.retrieval.corpora
+    import draftwise.retrieval.datastore
+    import draftwise.retrieval.suffix_array
 
-    results = [doctest.testmod(module) for module in (draftwise.suffix_array, draftwise.datastore, draftwise.corpora)]
+    modules = (draftwise.retrieval.suffix_array, draftwise.retrieval.datastore, draftwise.retrieval.corpora)
+    results = [doctest.testmod(module) for module in modules]
     assert all(r.failed == 0 for r in results) and sum(r.attempted for r in results) > 10
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from draftwise.cli import main
-from draftwise.verify import GREEDY_BELOW, Sampling, sampling_settings, warp
+from draftwise.verify.chain import GREEDY_BELOW, Sampling, sampling_settings, warp
 
 # 1e-45 is float32's smallest subnormal; math.ulp(0.0) the smallest positive double (5e-324)
 VANISHING = [1e-300, 1e-45, 1e-30, math.ulp(0.0), sys.float_info.min]

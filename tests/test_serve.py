@@ -417,11 +417,11 @@ import os
 import sys
 from pathlib import Path
 
-import draftwise.session
+import draftwise.engine.session
 from draftwise.cli import main
 
 switch = Path(os.environ["DRAFTWISE_BREAK"])
-step = draftwise.session.BatchSession.step
+step = draftwise.engine.session.BatchSession.step
 
 
 def breakable(self):
@@ -430,7 +430,7 @@ def breakable(self):
     return step(self)
 
 
-draftwise.session.BatchSession.step = breakable
+draftwise.engine.session.BatchSession.step = breakable
 sys.exit(main(sys.argv[1:]))
 '''
 KEY = "k3y-for-tests"

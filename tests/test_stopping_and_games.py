@@ -10,8 +10,8 @@ import torch
 
 from draftwise.drafters import DraftContext, LMDrafter, make_stop_rule
 from draftwise.drafters.stopping import LineFit, RoundCostFit, adaedl_threshold, draft_pays, entropy
-from draftwise.feedback import acceptance_loss
 from draftwise.policies.delayed import TokenGame
+from draftwise.policies.feedback import acceptance_loss
 
 V = 6
 

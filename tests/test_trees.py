@@ -14,12 +14,13 @@ from test_lossless_sampling import PROMPT, VOCAB, _draws, _model, chi_square_p, 
 from transformers import AutoModelForCausalLM
 
 from draftwise import Generator
-from draftwise.cached_lm import CachedLM
-from draftwise.drafter_bank import BankLM, LlamaBank
 from draftwise.drafters import Draft, Drafter, LMDrafter, SuffixDrafter, TreeOptions, build_drafters
 from draftwise.errors import DraftwiseError
-from draftwise.loading import LoadOptions, load_causal_lm
-from draftwise.tree import (
+from draftwise.models.cached_lm import CachedLM
+from draftwise.models.drafter_bank import BankLM, LlamaBank
+from draftwise.models.loading import LoadOptions, load_causal_lm
+from draftwise.verify.chain import Sampling
+from draftwise.verify.tree import (
     ancestor_matrix,
     fit_tree,
     level_acceptance,
@@ -31,7 +32,6 @@ from draftwise.tree import (
     verify_tree_greedy,
     verify_tree_sampling,
 )
-from draftwise.verify import Sampling
 
 TOL = 1e-4
 
@@ -165,7 +165,7 @@ def test_tree_sampling_draws_from_the_target_at_one_level(monkeypatch, broken: b
     children (with a duplicate) and for children drawn without replacement from q. Negative
     control: a verifier that forgets to update the residual after a rejection fails the test."""
     if broken:
-        import draftwise.tree as tree
+        import draftwise.verify.tree as tree
 
         honest = tree.rejection_chain
 
@@ -313,7 +313,7 @@ def test_sampled_trees_follow_the_target(sampling_target, kind: str, scheme: str
 def test_tree_feedback_is_the_target_mass_of_the_children(sampling_target) -> None:
     """A point-mass tree's first-level acceptance probability is Σ p(children of the root)
     (rejection sampling's; coupled sampling records whether the target's draw was a child)."""
-    from draftwise.verify import warp
+    from draftwise.verify.chain import warp
 
     gen = Generator(sampling_target, None, [RandomTree()], policy="fixed:0", draft_len=3, sampling="rejection")
     result = gen.generate(PROMPT, max_new_tokens=1 + 3, temperature=1.0, seed=5, ignore_eos=True)

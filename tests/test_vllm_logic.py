@@ -9,10 +9,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from draftwise.decide import Limits, limits_at, model_cap
+from draftwise.decision.core import Limits, limits_at, model_cap
+from draftwise.decision.step_costs import StepCostModel, StepShape, attribute, length_cap
 from draftwise.errors import DraftwiseError
 from draftwise.policies.contextual import contextual_spec
-from draftwise.step_costs import StepCostModel, StepShape, attribute, length_cap
 from draftwise.vllm.batch_view import BatchView, read_view
 from draftwise.vllm.core import EngineFacts, ProposerCore
 from draftwise.vllm.options import ENV_VAR, ProposerOptions, load_options
@@ -215,7 +215,7 @@ def test_model_drafters_run_on_the_drafter_bank():
     """Each request's LM drafters run on draftwise's lean batched path, as the engine's do: through
     transformers' forward a drafted token cost ≈ 4× as much inside vLLM (docs/design.md, "vLLM
     proposer")."""
-    from draftwise.drafter_bank import BankLM
+    from draftwise.models.drafter_bank import BankLM
 
     core, _ = make(ProposerOptions(drafters=("zoo:generalist",), policy="fixed", arms="generalist@4",
                                    log_requests=False))
@@ -319,7 +319,7 @@ def test_suffix_store_is_shared_across_requests():
 def test_a_rest_datastore_drafts_inside_the_proposer(tmp_path):
     """The REST drafter is a lookup like PLD and suffix here: built once from its datastore at
     start-up, it drafts continuations the store has seen, and the learner plays it."""
-    from draftwise.datastore import Datastore
+    from draftwise.retrieval.datastore import Datastore
 
     Datastore.from_documents([continuation(i, 80) for i in range(4)], {"vocab_size": FACTS.vocab_size}).save(
         tmp_path / "store")

@@ -29,9 +29,9 @@ from draftwise.drafters.whitebox import (
     target_dims,
 )
 from draftwise.errors import DraftwiseError
-from draftwise.loading import LoadOptions, load_causal_lm
-from draftwise.verify import Sampling
-from draftwise.zoo.heads import HiddenSet, collect_hidden, eagle_loss, eagle_unrolled, medusa_loss
+from draftwise.models.loading import LoadOptions, load_causal_lm
+from draftwise.training.heads import HiddenSet, collect_hidden, eagle_loss, eagle_unrolled, medusa_loss
+from draftwise.verify.chain import Sampling
 
 TOL = 1e-4
 TREES = {"chain": None, "dynamic": TreeOptions.parse("dynamic", topk=2, budget=6),
@@ -305,7 +305,7 @@ def test_zoo_heads_are_named_but_not_in_zoo_all(tmp_path) -> None:
 
 # -- training -----------------------------------------------------------------------------------------------------
 def test_training_writes_every_head_and_resumes(tmp_path, llama) -> None:
-    from draftwise.zoo.heads import install_heads, run_heads
+    from draftwise.training.heads import install_heads, run_heads
 
     target, _ = llama
     rng = np.random.default_rng(0)

@@ -12,9 +12,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from draftwise.errors import DraftwiseError
-from draftwise.zoo import evaluate, load
-from draftwise.zoo.evaluate import RoundStats, greedy_rounds
-from draftwise.zoo.train import ModelShape, SpecialIds, TrainConfig, new_model, next_token_loss, train_loop
+from draftwise.training import evaluate
+from draftwise.training.evaluate import RoundStats, greedy_rounds
+from draftwise.training.train import ModelShape, SpecialIds, TrainConfig, new_model, next_token_loss, train_loop
+from draftwise.zoo import load
 
 SHIPPED = load.shipped_models_dir()
 needs_shipped_zoo = pytest.mark.skipif(

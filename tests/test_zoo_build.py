@@ -9,11 +9,11 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from draftwise.errors import DraftwiseError
+from draftwise.training.build import run_build
+from draftwise.training.corpus import DOMAINS, read_corpus
+from draftwise.training.evaluate import evaluate_zoo, format_table
+from draftwise.training.install import install_zoo
 from draftwise.zoo import load
-from draftwise.zoo.build import run_build
-from draftwise.zoo.corpus import DOMAINS, read_corpus
-from draftwise.zoo.evaluate import evaluate_zoo, format_table
-from draftwise.zoo.install import install_zoo
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared datasets not found at {DATA.resolve()}")

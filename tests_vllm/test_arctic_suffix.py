@@ -14,7 +14,7 @@ from draftwise.drafters.arctic_suffix import ArcticSuffixDrafter
 from draftwise.drafters.pool import DrafterPool
 from draftwise.drafters.suffix import forget_stored_answers
 from draftwise.errors import DraftwiseError
-from draftwise.loading import LoadOptions
+from draftwise.models.loading import LoadOptions
 
 CTX = DraftContext()
 

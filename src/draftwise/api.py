@@ -3,32 +3,30 @@
 from __future__ import annotations
 
 import logging
-import math
-import numbers
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from draftwise.arms import ArmSettings, build_arms
-from draftwise.cached_lm import CachedLM
-from draftwise.decide import make_learner
-from draftwise.drafter_bank import attach_banks
+from draftwise.decision.arms import ArmSettings, build_arms
+from draftwise.decision.core import make_learner
+from draftwise.decision.step_costs import StepCostModel
 from draftwise.drafters import Drafter, build_drafters
-from draftwise.engine import Engine, QueryOutcome, QuerySettings, StopCheck
+from draftwise.drafters.pool import attach_banks
+from draftwise.engine import Engine
+from draftwise.engine.batch import BatchEngine
+from draftwise.engine.intake import Intake, eos_ids_of, failed
+from draftwise.engine.session import BatchSession, check_batch_size
 from draftwise.errors import DraftwiseError
-from draftwise.loading import LoadOptions, context_limit, load_causal_lm
+from draftwise.models.cached_lm import CachedLM
+from draftwise.models.defaults import DEFAULT_TARGET, default_drafters
+from draftwise.models.loading import LoadOptions, context_limit, load_causal_lm
 from draftwise.policies import POLICIES, PRESETS
-from draftwise.pools import DEFAULT_TARGET, default_drafters
-from draftwise.step_costs import StepCostModel
-from draftwise.trace import GenerationResult, summarize
-from draftwise.verify import Sampling, sampling_settings
-
-if TYPE_CHECKING:
-    from draftwise.session import BatchSession
+from draftwise.settings.request import check_seed
+from draftwise.trace import GenerationResult
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +38,7 @@ log = logging.getLogger(__name__)
 # query drafting for the rest of its answer. On the zoo it ties the best single drafter one request at
 # a time (BENCHMARKS.md; the reasons, measured: docs/design.md, "Policies").
 DEFAULT_POLICY = "ctx-ucb:opening=16"
-SAMPLING_SCHEMES = ("coupled", "rejection")  # how sampled tokens are drawn (draftwise.coupling)
+SAMPLING_SCHEMES = ("coupled", "rejection")  # how sampled tokens are drawn (draftwise.verify.coupling)
 DEFAULT_SAMPLING = "coupled"  # one seed, one text: whatever the drafters, policy, batch or clock
 DEFAULT_DRAFT_LEN = 4  # draft tokens per round; verifying 5 tokens costs ≈ 1.6–2× one on CPU
 
@@ -50,7 +48,7 @@ class Generator:
 
     Safe to share between threads: its calls run one at a time. :meth:`generate` and
     :meth:`generate_batch` hold the Generator's lock from start to end, and so does each call on one of
-    its :class:`~draftwise.session.BatchSession` objects (``add``, ``step``, ``run``, ``cancel``), so a
+    its :class:`~draftwise.engine.session.BatchSession` objects (``add``, ``step``, ``run``, ``cancel``), so a
     second thread waits for the first to finish rather than share the target's caches and the learner
     mid-query. For throughput from many threads, feed one batch session (as ``draftwise serve`` does)
     or give each thread its own Generator.
@@ -75,14 +73,12 @@ class Generator:
         sampling: str = DEFAULT_SAMPLING,
     ) -> None:
         self.model = target
-        self.coupled = check_sampling_scheme(sampling)
-        self.tokenizer = tokenizer
-        self.seed = check_seed(seed)
-        self.chat = chat
+        coupled = check_sampling_scheme(sampling)
+        seed = check_seed(seed)
         self.target = CachedLM(target)
         self.drafters = list(drafters)
         self.fast_drafters, self.drafter_head_dtype = fast_drafters, drafter_head_dtype
-        if fast_drafters:  # small Llama drafters run on the lean batched path (draftwise.drafter_bank)
+        if fast_drafters:  # small Llama drafters run on the lean batched path (draftwise.models.drafter_bank)
             try:  # their LM head in bfloat16 where the CPU multiplies it natively (default "auto")
                 attach_banks(self.drafters, drafter_head_dtype)
             except ValueError as error:
@@ -94,8 +90,8 @@ class Generator:
         self.engine = Engine(self.target, self.drafters, self.arms, self.policy)
         # What a batched step costs on this target and device: learned once, shared by every batch session
         self.step_costs = StepCostModel()
-        self.max_context = context_limit(target)
-        self.eos_ids = _eos_ids(target, tokenizer)
+        self.intake = Intake(tokenizer, chat, self.target.vocab_size, context_limit(target),
+                             eos_ids_of(target, tokenizer), coupled, seed)
         # One query or session call at a time (see the class docstring); reentrant: generate_batch runs a session
         self.lock = threading.RLock()
 
@@ -117,13 +113,13 @@ class Generator:
 
         Targets: ``smollm2`` (the default: SmolLM2-135M-Instruct, fetched once into the local cache),
         a local folder, a ``.gguf`` file, a hub id, or ``zoo:target``. ``drafters=None`` takes the
-        target's own pool (:func:`draftwise.pools.default_drafters`: its zoo drafters plus ``pld``
+        target's own pool (:func:`draftwise.models.defaults.default_drafters`: its zoo drafters plus ``pld``
         and ``suffix`` for ``smollm2`` and ``zoo:target``, none for other targets).
 
         Drafter specs: a model path or hub id, ``zoo:NAME``, ``zoo:all``, ``pld``, ``suffix``,
         with options such as ``pld:max_ngram=4``. ``arm_options``: ``arms`` (layout: drafters,
         lengths, stops, drafters×stops or an explicit list), ``max_draft``, ``stops``,
-        ``arm_drafter`` — see :mod:`draftwise.arms`.
+        ``arm_drafter`` — see :mod:`draftwise.decision.arms`.
         """
         options = LoadOptions(device=device, dtype=dtype)
         model, tokenizer = load_causal_lm(target, options)
@@ -131,27 +127,27 @@ class Generator:
         return cls(model, tokenizer, pool, policy=policy, draft_len=draft_len, seed=seed, chat=chat, **arm_options)
 
     # ------------------------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any | None:
+        return self.intake.tokenizer
+
+    @property
+    def max_context(self) -> int | None:
+        """The target's context length in tokens (None: unbounded)."""
+        return self.intake.max_context
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """The token ids that end an answer (unless a query ignores EOS)."""
+        return self.intake.eos_ids
+
+    @eos_ids.setter
+    def eos_ids(self, ids: frozenset[int]) -> None:
+        self.intake = replace(self.intake, eos_ids=frozenset(ids))
+
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a prompt (text through the tokenizer, and its chat template when asked)."""
-        if isinstance(prompt, str):
-            check_prompt_text(prompt)
-            if not prompt.strip():
-                raise DraftwiseError("the prompt is empty")
-            if self.tokenizer is None:
-                raise DraftwiseError("this target has no tokenizer: pass token ids instead of text")
-            use_chat = self.chat if self.chat is not None else bool(getattr(self.tokenizer, "chat_template", None))
-            if use_chat:
-                ids = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-                ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-                return [int(i) for i in ids]
-            return [int(i) for i in self.tokenizer(prompt, add_special_tokens=True)["input_ids"]]
-        ids = [int(i) for i in prompt]
-        if not ids:
-            raise DraftwiseError("the prompt is empty")
-        if (self.target.vocab_size and max(ids) >= self.target.vocab_size) or min(ids) < 0:
-            raise DraftwiseError(f"prompt token ids must lie in [0, {self.target.vocab_size})")
-        return ids
+        return self.intake.encode(prompt)
 
     def generate(
         self,
@@ -166,16 +162,16 @@ class Generator:
         truncate: bool = False,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens; greedy when ``temperature`` is 0 (or below
-        :data:`~draftwise.verify.GREEDY_BELOW`, 1e-5).
+        :data:`~draftwise.verify.chain.GREEDY_BELOW`, 1e-5).
 
         ``truncate`` keeps only the last tokens of a prompt too long for the target's context.
         """
-        ids, settings, seed = self.prepare(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, ignore_eos,
-                                           truncate)
+        ids, settings, seed = self.intake.prepare(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
+                                                  ignore_eos, truncate)
         with self.lock:
             generator = torch.Generator(device=self.target.device).manual_seed(seed)
             self.policy.rng = np.random.default_rng(seed)
-            return self.result(ids, self.engine.run(ids, settings, generator), seed)
+            return self.intake.result(ids, self.engine.run(ids, settings, generator), seed)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 128,
                        temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
@@ -205,79 +201,19 @@ class Generator:
                 except DraftwiseError as error:
                     handles.append(error)
             session.run()
-        return [self.failed(str(h)) if isinstance(h, DraftwiseError) else h.result for h in handles]
+        return [failed(str(h)) if isinstance(h, DraftwiseError) else h.result for h in handles]
 
     def batch_session(self, max_batch: int = 32, decide: str = "query") -> BatchSession:
         """A continuous batch over this Generator's target, pool, arms and learner: queries are added
         at any time and run together, one :meth:`BatchSession.step` (round) at a time."""
-        from draftwise.session import BatchSession
-
-        return BatchSession(self, max_batch, decide)
-
-    def prepare(self, prompt: str | Sequence[int], max_new_tokens: int, temperature: float, top_k: int | None,
-                top_p: float | None, seed: int | None, stop: Sequence[str], ignore_eos: bool,
-                truncate: bool) -> tuple[list[int], QuerySettings, int]:
-        """Check a query's arguments and build its token ids, settings and seed (one clear error)."""
-        sampling = replace(check_generate_args(max_new_tokens, temperature, top_k, top_p, seed), coupled=self.coupled)
-        ids = self._fit_context(self.encode(prompt), max_new_tokens, truncate)
-        if stop and self.tokenizer is None:
-            raise DraftwiseError("stop strings need a tokenizer")
-        settings = QuerySettings(
-            max_new_tokens=max_new_tokens,
-            sampling=sampling,
-            eos_ids=frozenset() if ignore_eos else self.eos_ids,
-            stop_check=stop_checker(self.tokenizer, list(stop)) if stop else None,
-        )
-        return ids, settings, self.seed if seed is None else seed
-
-    def result(self, ids: list[int], outcome: QueryOutcome, seed: int) -> GenerationResult:
-        """A finished query's tokens, text and statistics."""
-        new_ids = outcome.tokens[len(ids):]
-        text = self.tokenizer.decode(new_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
-        stats = summarize(outcome.records, len(new_ids), outcome.wall_s, outcome.stopped_by,
-                          outcome.extra_target_calls)
-        return GenerationResult(new_ids, text, stats, outcome.records, prompt_ids=ids, seed=seed)
-
-    @staticmethod
-    def failed(message: str) -> GenerationResult:
-        """The result of a query that could not run."""
-        return GenerationResult([], "", summarize([], 0, 0.0, "error"), [], error=message)
-
-    def _fit_context(self, ids: list[int], max_new_tokens: int, truncate: bool) -> list[int]:
-        limit = self.max_context
-        if limit is None or len(ids) + max_new_tokens <= limit:
-            return ids
-        room = limit - max_new_tokens
-        if not truncate or room < 1:
-            raise DraftwiseError(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's context "
-                f"of {limit} tokens; shorten the prompt, lower max_new_tokens, or truncate the prompt "
-                "(--truncate / truncate=True keeps its last tokens)"
-            )
-        log.warning("prompt truncated from %d to its last %d tokens", len(ids), room)
-        return ids[-room:]
-
-
-def stop_checker(tokenizer: Any, stops: Sequence[str]) -> StopCheck:
-    """A :data:`StopCheck` for stop strings: after a round that added ``new`` tokens, the length to
-    keep (through the first token completing a stop string), else None.
-
-    A stop string that completes this round ends within the new tokens and starts at most
-    ``longest`` tokens before them (a token decodes to ≥ 1 character; 8 more cover multi-byte
-    characters split across tokens), so only that tail is decoded — a round may add many tokens.
-    """
-    longest = max(len(s) for s in stops)
-
-    def check(generated: list[int], new: int) -> int | None:
-        tail_start = max(0, len(generated) - new - longest - 8)
-        if not any(s in tokenizer.decode(generated[tail_start:]) for s in stops):
-            return None
-        for keep in range(max(tail_start + 1, len(generated) - new + 1), len(generated) + 1):
-            if any(s in tokenizer.decode(generated[tail_start:keep]) for s in stops):
-                return keep
-        return None
-
-    return check
+        check_batch_size(max_batch)
+        try:
+            engine = BatchEngine(self.model, self.drafters, self.arms, self.policy, decide=decide,
+                                 fast_drafters=self.fast_drafters, head_dtype=self.drafter_head_dtype,
+                                 costs=self.step_costs, routes=self.engine.routes)
+        except ValueError as error:
+            raise DraftwiseError(str(error)) from None
+        return BatchSession(engine, self.intake, self.lock, max_batch)
 
 
 def arm_settings(
@@ -308,63 +244,8 @@ def arm_settings(
     return pick(arms, preset and preset.arms, policy_arms or "drafters"), settings
 
 
-SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes seeds below 2**64; numpy's generators refuse negatives
-
-
-def check_seed(seed: Any, name: str = "seed") -> int:
-    """A seed every generator accepts: an integer in [0, 2**64)."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < SEED_LIMIT:
-        raise DraftwiseError(f"{name} must be an integer in [0, 2**64), got {seed!r}")
-    return int(seed)
-
-
-def check_prompt_text(text: str, where: str = "the prompt") -> str:
-    """Text the tokenizer can encode: no lone surrogates (undecodable bytes smuggled in by
-    Python's surrogateescape, or a JSON ``\\udcff`` escape)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise DraftwiseError(f"{where} is not valid Unicode text (undecodable character {text[error.start]!r} at "
-                             f"position {error.start}); pass UTF-8 text") from None
-    return text
-
-
-def _check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> Sampling:
-    # NaN fails every comparison, so each check is written as "ok" and negated.
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens <= 0:
-        raise DraftwiseError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    if not (isinstance(temperature, numbers.Real) and math.isfinite(temperature) and temperature >= 0):
-        raise DraftwiseError(f"temperature must be ≥ 0 and finite (0 = greedy), got {temperature!r}")
-    if top_p is not None and not (isinstance(top_p, numbers.Real) and 0 < top_p <= 1):
-        raise DraftwiseError(f"top_p must lie in (0, 1], got {top_p!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
-        raise DraftwiseError(f"top_k must be an integer ≥ 1, got {top_k!r}")
-    return sampling_settings(float(temperature), None if top_k is None else int(top_k),
-                             None if top_p is None else float(top_p))
-
-
 def check_sampling_scheme(scheme: str) -> bool:
     """Whether ``scheme`` is coupled sampling (one clear error for an unknown scheme)."""
     if scheme not in SAMPLING_SCHEMES:
         raise DraftwiseError(f"sampling must be one of {', '.join(SAMPLING_SCHEMES)}, got {scheme!r}")
     return scheme == "coupled"
-
-
-def check_generate_args(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
-                        seed: int | None) -> Sampling:
-    """Every numeric argument of :meth:`Generator.generate`, checked before any work (the CLI calls
-    it before loading models); returns the sampling settings."""
-    if seed is not None:
-        check_seed(seed)
-    return _check_sampling(max_new_tokens, temperature, top_k, top_p)
-
-
-def _eos_ids(model: Any, tokenizer: Any | None) -> frozenset[int]:
-    """End-of-sequence ids as transformers' ``generate`` sees them: generation config first."""
-    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(value, int):
-            return frozenset({value})
-        if isinstance(value, (list, tuple)) and value:
-            return frozenset(int(v) for v in value)
-    return frozenset()

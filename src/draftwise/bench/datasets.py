@@ -253,8 +253,8 @@ def regenerate_zoo_corpus(data: Path | None = None, cache: Path = CACHE_DIR) -> 
     or the datasets are absent.
     """
     try:
-        from draftwise.zoo.budgets import BUDGETS
-        from draftwise.zoo.corpus import build_corpus, write_corpus
+        from draftwise.training.budgets import BUDGETS
+        from draftwise.training.corpus import build_corpus, write_corpus
         from draftwise.zoo.load import read_manifest
 
         budget_name = read_manifest()["build"]["budget"]["name"]

@@ -333,8 +333,8 @@ def _hf_assisted(bench: Workbench, arg: str) -> Method:
 
 def full_vocabulary_view(model: Any) -> Any:
     """A drafter over a vocabulary subset as transformers' assisted generation can use it: the same
-    weights, reading and writing the target's ids (draftwise.vocab_map); any other model as it is."""
-    from draftwise.vocab_map import vocab_map_of
+    weights, reading and writing the target's ids (draftwise.models.vocab_map); any other model as it is."""
+    from draftwise.models.vocab_map import vocab_map_of
 
     found = vocab_map_of(model)
     if found is None:

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from draftwise.bench.report import BASELINE, FIXED, OVERALL, best_fixed, pair, played_best
+from draftwise.bench.methods import BASELINE
+from draftwise.bench.rows import FIXED, OVERALL, best_fixed, pair, played_best
 
 log = logging.getLogger(__name__)
 

@@ -23,80 +23,34 @@ import importlib.metadata
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from draftwise.bench.methods import BASELINE
+from draftwise.bench.plots import write_plots
+from draftwise.bench.rows import (
+    FIXED,
+    ORACLE,
+    OVERALL,
+    best_fixed,
+    mismatched_keys,
+    pair,
+    played_best,
+    speed,
+    with_derived,
+)
 
 SUMMARY_KEYS = ("speedup", "speedup_mean_of_prompts", "tokens_per_s", "mat", "acceptance_rate",
                 "target_calls_per_token", "mismatches")
 EXTRA_KEYS = ("speedup_std", "regret", "best_arm_ratio", "prompts", "runs")
-ORACLE = "oracle"
 NO_DRAFTER = "none"  # the arm of plain decoding rounds
-OVERALL = "overall"
-FIXED = "fixed:"
 HF_PREFIX = "hf-"  # the transformers peers (hf-ar, hf-pld, hf-assisted:NAME)
 PACKAGES = ("draftwise", "torch", "transformers", "tokenizers", "safetensors", "numpy", "tqdm", "matplotlib", "ray")
-
-
-# ----------------------------------------------------------------------------- derived rows
-
-
-def pair(row: dict) -> tuple[str, int]:
-    return row["prompt_id"], row["repeat"]
-
-
-def speed(rows: Iterable[dict]) -> float:
-    rows = list(rows)
-    seconds = sum(r["wall_s"] for r in rows)
-    return sum(r["new_tokens"] for r in rows) / seconds if seconds > 0 else 0.0
-
-
-def oracle_rows(rows: Sequence[dict]) -> list[dict]:
-    """Per domain, the rows of the single drafter with the highest tokens/s there, relabelled ``oracle``."""
-    by_domain: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        if r["method"].startswith(FIXED):
-            by_domain[r["domain"]][r["method"]].append(r)
-    out = []
-    for methods in by_domain.values():
-        best = max(sorted(methods), key=lambda m: speed(methods[m]))
-        out += [{**r, "method": ORACLE, "key": f"{r['prompt_id']}|{ORACLE}|{r['repeat']}", "oracle_of": best}
-                for r in methods[best]]
-    return out
-
-
-def with_derived(rows: Sequence[dict], methods: Sequence[str]) -> list[dict]:
-    rows = [r for r in rows if r["method"] != ORACLE]
-    return rows + (oracle_rows(rows) if ORACLE in methods else [])
-
-
-def mismatched_keys(rows: Sequence[dict]) -> set[str]:
-    """Keys of rows whose output differs from ``ar`` on the same prompt and repeat."""
-    reference = {pair(r): r["token_ids"] for r in rows if r["method"] == BASELINE}
-    return {r["key"] for r in rows if pair(r) in reference and r["token_ids"] != reference[pair(r)]}
-
-
-def best_fixed(rows: Sequence[dict]) -> dict[tuple[str, int], tuple[str, int]]:
-    """(prompt, repeat) → (best single drafter's name, its target calls) in hindsight."""
-    best: dict[tuple[str, int], tuple[str, int]] = {}
-    for r in sorted(rows, key=lambda r: r["method"]):
-        if r["method"].startswith(FIXED) and r.get("target_calls") is not None:
-            calls = r["target_calls"]
-            if pair(r) not in best or calls < best[pair(r)][1]:
-                best[pair(r)] = (r["method"][len(FIXED):], calls)
-    return best
-
-
-def played_best(arm: str, best: str) -> bool:
-    # arms may carry a draft length and a stopping rule (``code@6+svip``): the drafter comes first
-    return arm == best or re.split(r"[@+]", arm, maxsplit=1)[0] == best
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -329,8 +283,6 @@ def write_reports(out: Path, rows: Sequence[dict], methods: Sequence[str], env: 
     (out / "summary.md").write_text(markdown(full, env))
     write_csv(out / "summary.csv", full)
     if plots:
-        from draftwise.bench.plots import write_plots
-
         write_plots(out, with_derived(rows, methods), full, methods, len(env.get("pool", [])) or None)
     return full
 
@@ -373,7 +325,7 @@ def cpu_info() -> dict[str, Any]:
         pass
     import torch
 
-    from draftwise.drafter_bank import resolve_head_dtype
+    from draftwise.models.drafter_bank import resolve_head_dtype
 
     # the lean drafters' LM-head dtype for float32 models follows the CPU ("auto"): results depend on it
     head = str(resolve_head_dtype(None, torch.float32)).replace("torch.", "")

@@ -50,7 +50,7 @@ from draftwise.bench.methods import (
     is_derived,
 )
 from draftwise.errors import DraftwiseError
-from draftwise.pools import DEFAULT_TARGET, ZOO_POOL
+from draftwise.models.defaults import DEFAULT_TARGET, ZOO_POOL
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class BenchConfig:
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
-    sampling: str = "coupled"  # coupled | rejection (draftwise.coupling); greedy runs ignore it
+    sampling: str = "coupled"  # coupled | rejection (draftwise.verify.coupling); greedy runs ignore it
     repeats: int = 1
     draft_len: int | None = None  # None: the library's default (4), or a preset's own
     seed: int = 0
@@ -234,7 +234,7 @@ def jsonable(value: Any) -> Any:
 
 def load_workbench(config: BenchConfig, router: Any = None) -> Workbench:
     from draftwise.drafters import build_drafters
-    from draftwise.loading import LoadOptions, freeze_loaded_objects, load_causal_lm
+    from draftwise.models.loading import LoadOptions, freeze_loaded_objects, load_causal_lm
 
     options = LoadOptions(device=config.device, dtype=config.dtype)
     model, tokenizer = load_causal_lm(config.target, options)
@@ -263,7 +263,7 @@ def drafter_domains(pool: Sequence[Any]) -> dict[str, tuple[str, ...]]:
 def encode_prompts(bench: Workbench, prompts: Sequence[Prompt], max_new_tokens: int) -> list[list[int]]:
     """Token ids of every prompt, through the target's tokenizer (and chat template), fitted to its context."""
     from draftwise.api import Generator
-    from draftwise.loading import context_limit
+    from draftwise.models.loading import context_limit
 
     encoder = Generator(bench.model, bench.tokenizer, [], policy="fixed")
     limit = context_limit(bench.model)
@@ -654,7 +654,7 @@ def make_out_folder(out: Path) -> None:
 def validate(config: BenchConfig) -> None:
     """Every option that needs no file or model, checked first (NaN fails every comparison, so
     each check states what is valid)."""
-    from draftwise.api import SEED_LIMIT
+    from draftwise.settings.request import SEED_LIMIT
 
     out = Path(config.out)
     checks = [

@@ -66,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("draftwise.named_models").setLevel(min(level, logging.INFO))  # a first fetch: say what and why
+    # a first fetch of a named model: say what and why
+    logging.getLogger("draftwise.models.named_models").setLevel(min(level, logging.INFO))
     _quiet_dependencies(args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -15,7 +15,7 @@ from typing import Any
 from draftwise.bench.datasets import PROMPT_SETS, ZOO_PER_DOMAIN
 from draftwise.bench.runner import DEFAULT_METHODS, DEFAULT_POOL, DEFAULT_TARGET, BenchConfig
 from draftwise.cli.generate import add_sampling_option
-from draftwise.pools import default_drafters
+from draftwise.models.defaults import default_drafters
 
 MISMATCH_EXIT = 1
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as for every Ctrl-C of the CLI

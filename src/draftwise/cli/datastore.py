@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if args.datastore_action == "build":
         return _build(args)
     if args.datastore_action == "info":
-        from draftwise.datastore import Datastore
+        from draftwise.retrieval.datastore import Datastore
 
         store = Datastore.load(args.store)
         print(json.dumps({**store.meta, "bytes": store.nbytes}, indent=2))
@@ -65,7 +65,7 @@ def load_tokenizer(name: str) -> Any:
     """The tokenizer of a model folder, hub id or ``zoo:NAME``."""
     from transformers import AutoTokenizer
 
-    from draftwise.loading import resolve_model_path
+    from draftwise.models.loading import resolve_model_path
 
     path = os.path.expanduser(resolve_model_path(name))
     if not os.path.isdir(path) and (os.path.exists(path) or path.count("/") != 1):
@@ -81,8 +81,8 @@ def _build(args: argparse.Namespace) -> int:
     import numpy as np
     from tqdm.auto import tqdm
 
-    from draftwise.corpora import encode_documents, read_corpus
-    from draftwise.datastore import Datastore
+    from draftwise.retrieval.corpora import encode_documents, read_corpus
+    from draftwise.retrieval.datastore import Datastore
 
     if args.max_tokens is not None and args.max_tokens < 1:
         raise DraftwiseError(f"--max-tokens must be ≥ 1, got {args.max_tokens}")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from draftwise.errors import DraftwiseError
-from draftwise.pools import DEFAULT_TARGET, default_drafters
+from draftwise.models.defaults import DEFAULT_TARGET, default_drafters
 
 
 def register(subparsers: Any) -> None:
@@ -110,7 +110,7 @@ def load_generator(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftwise.api import check_generate_args, check_seed
+    from draftwise.settings.request import check_generate_args, check_seed
 
     # Everything the user typed is checked before the models load (seconds) and before generating.
     prompt = read_prompt(args.prompt)

@@ -17,10 +17,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from draftwise.api import DEFAULT_POLICY
-    from draftwise.arms import LAYOUTS
+    from draftwise.decision.arms import LAYOUTS
     from draftwise.drafters import STOP_RULES
-    from draftwise.feedback import LOSSES, SIGNALS
     from draftwise.policies import POLICIES, PRESETS, policy_options
+    from draftwise.policies.feedback import LOSSES, SIGNALS
 
     for name, factory in POLICIES.items():
         summary = getattr(factory, "summary", "") or (factory.__doc__ or "").strip().splitlines()[0]

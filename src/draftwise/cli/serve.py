@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from draftwise.cli.generate import add_model_options, check_output_file, load_generator
 from draftwise.errors import DraftwiseError
-from draftwise.pools import DEFAULT_TARGET
+from draftwise.models.defaults import DEFAULT_TARGET
 
 
 def register(subparsers: Any) -> None:
@@ -92,8 +92,9 @@ def _is_loopback(host: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftwise.api import DEFAULT_POLICY, check_seed
-    from draftwise.loading import freeze_loaded_objects
+    from draftwise.api import DEFAULT_POLICY
+    from draftwise.models.loading import freeze_loaded_objects
+    from draftwise.settings.request import check_seed
 
     # Everything the user typed is checked before the models load.
     if args.seed is not None:

@@ -45,7 +45,7 @@ def add_log_file(path: str | None) -> None:
 
 @action("build")
 def build_action(args: argparse.Namespace) -> int:
-    from draftwise.zoo.build import run_build
+    from draftwise.training.build import run_build
 
     add_log_file(args.log)
     models = run_build(
@@ -57,7 +57,7 @@ def build_action(args: argparse.Namespace) -> int:
 
 @action("install")
 def install_action(args: argparse.Namespace) -> int:
-    from draftwise.zoo.install import install_zoo
+    from draftwise.training.install import install_zoo
 
     installed = install_zoo(Path(args.build), Path(args.to) if args.to else None)
     print(f"zoo installed into {installed}")
@@ -66,7 +66,7 @@ def install_action(args: argparse.Namespace) -> int:
 
 @action("eval")
 def eval_action(args: argparse.Namespace) -> int:
-    from draftwise.zoo.evaluate import evaluate_zoo, format_table
+    from draftwise.training.evaluate import evaluate_zoo, format_table
 
     add_log_file(args.log)
     result = evaluate_zoo(
@@ -81,8 +81,8 @@ def eval_action(args: argparse.Namespace) -> int:
 
 @action("heads")
 def heads_action(args: argparse.Namespace) -> int:
-    from draftwise.loading import LoadOptions, load_causal_lm
-    from draftwise.zoo.heads import HEADS_BUDGETS, corpus_streams, install_heads, run_heads
+    from draftwise.models.loading import LoadOptions, load_causal_lm
+    from draftwise.training.heads import HEADS_BUDGETS, corpus_streams, install_heads, run_heads
 
     add_log_file(args.log)
     budget = HEADS_BUDGETS.get(args.budget)
@@ -104,8 +104,8 @@ def heads_action(args: argparse.Namespace) -> int:
 @action("path")
 def path_action(args: argparse.Namespace) -> int:
     from draftwise.errors import DraftwiseError
-    from draftwise.loading import resolve_model_path
-    from draftwise.named_models import NAMED_MODELS
+    from draftwise.models.loading import resolve_model_path
+    from draftwise.models.named_models import NAMED_MODELS
 
     folder = resolve_model_path(args.name)  # a named model is fetched first when it is not cached
     if not Path(folder).is_dir():
@@ -117,8 +117,8 @@ def path_action(args: argparse.Namespace) -> int:
 
 @action("distill")
 def distill_action(args: argparse.Namespace) -> int:
-    from draftwise.zoo.distill import run_distill
-    from draftwise.zoo.labels import LabelPlan
+    from draftwise.training.distill import run_distill
+    from draftwise.training.labels import LabelPlan
 
     if args.threads is not None:
         import torch
@@ -134,8 +134,8 @@ def distill_action(args: argparse.Namespace) -> int:
 
 @action("router")
 def router_action(args: argparse.Namespace) -> int:
-    from draftwise.api import check_seed
     from draftwise.bench.runner import build_router_file
+    from draftwise.settings.request import check_seed
 
     seed = check_seed(args.seed, "--seed")
     path, info = build_router_file(args.data, args.zoo_corpus, seed, Path(args.out) if args.out else None)

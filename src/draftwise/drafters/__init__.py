@@ -27,9 +27,11 @@ from draftwise.drafters.stopping import STOP_RULES, StopRule, make_stop_rule
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.drafters.whitebox import HEAD_KINDS, WhiteBoxDrafter, load_head_drafter
 from draftwise.errors import DraftwiseError
-from draftwise.loading import LoadOptions, load_causal_lm, resolve_model_path
+from draftwise.models.loading import LoadOptions, load_causal_lm, resolve_model_path
+from draftwise.models.vocab_map import attach_vocab_map, load_vocab_map, output_size
 from draftwise.options import keyword_defaults, split_spec, typed_options
-from draftwise.vocab_map import attach_vocab_map, load_vocab_map, output_size
+from draftwise.zoo import zoo_drafter_names, zoo_head_names, zoo_target_of
+from draftwise.zoo.load import TOY_TARGET
 
 __all__ = ["DRAFTERS", "HEAD_KINDS", "STOP_RULES", "Draft", "DraftContext", "Drafter", "LMDrafter", "ModelDrafter",
            "PromptLookupDrafter", "RetrievalDrafter", "SharedForwards", "StopRule", "SuffixDrafter", "TreeOptions",
@@ -49,14 +51,9 @@ def expand_specs(specs: Sequence[str], target: Any = None) -> list[str]:
     out: list[str] = []
     for spec in specs:
         if spec == "zoo:all":
-            from draftwise.zoo import zoo_drafter_names, zoo_target_of
-            from draftwise.zoo.load import TOY_TARGET
-
             family = zoo_target_of(output_size(target)) if target is not None else TOY_TARGET
             out.extend(f"zoo:{name}" for name in zoo_drafter_names(target=family))
         elif spec == ZOO_HEADS:
-            from draftwise.zoo import zoo_head_names
-
             out.extend(f"zoo:{name}" for name in zoo_head_names())
         else:
             out.append(spec)
@@ -117,8 +114,6 @@ def _load_head_spec(kind: str, spec: str, target: Any) -> WhiteBoxDrafter:
 
 
 def _is_zoo_head(spec: str) -> bool:
-    from draftwise.zoo import zoo_head_names
-
     try:
         return spec.split(":", 1)[1] in zoo_head_names()
     except DraftwiseError:  # no zoo installed: the LM path reports it

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from draftwise.draft import Draft, DraftContext
 from draftwise.drafters.draft_shapes import TreeOptions, counterfactual_acceptance
 from draftwise.registry import Registry
-from draftwise.verify import Sampling, top1_hits
+from draftwise.verify.chain import Sampling, top1_hits
+from draftwise.verify.draft import Draft, DraftContext
 
 if TYPE_CHECKING:
     from typing import Self
@@ -133,7 +133,7 @@ class Drafter(ABC):
 
 
 class DrafterBank(Protocol):
-    """Several model drafters of one shape run as one batch (:class:`draftwise.drafter_bank.LlamaBank`)."""
+    """Several model drafters of one shape run as one batch (:class:`draftwise.models.drafter_bank.LlamaBank`)."""
 
     def sync_all(self, tokens: Sequence[int], n_out: int) -> torch.Tensor:
         """Every member's logits (members, n_out, V) after each of the last ``n_out`` positions."""

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from draftwise.coupling import coupled_scores
-from draftwise.draft import Draft, DraftContext
 from draftwise.drafters.stopping import StopRule
 from draftwise.errors import DraftwiseError
-from draftwise.tree import ROOT, CandidateTree, parse_shape
-from draftwise.verify import Sampling, top1_hits, warp
+from draftwise.verify.chain import Sampling, top1_hits, warp
+from draftwise.verify.coupling import coupled_scores
+from draftwise.verify.draft import Draft, DraftContext
+from draftwise.verify.tree import ROOT, CandidateTree, parse_shape
 
 TREE_KINDS = ("", "chain", "dynamic", "static", "sampled")
 DYNAMIC_BUDGET = 16  # nodes of a dynamic tree when no budget is given (EAGLE-2 uses 60 on GPUs)

@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftwise.cached_lm import common_prefix_len
 from draftwise.drafters.base import Draft, DraftContext
 from draftwise.drafters.draft_shapes import TreeOptions, draft_chain, draft_tree
 from draftwise.drafters.stopping import StopRule
@@ -36,8 +35,9 @@ from draftwise.drafters.whitebox import (
     register_head_kind,
     rotary_tables,
 )
-from draftwise.tree import ROOT, tree_attention_mask, tree_positions
-from draftwise.vocab_map import VocabMap
+from draftwise.models.cached_lm import common_prefix_len
+from draftwise.models.vocab_map import VocabMap
+from draftwise.verify.tree import ROOT, tree_attention_mask, tree_positions
 
 KV = tuple[torch.Tensor, torch.Tensor]
 

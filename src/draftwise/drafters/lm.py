@@ -7,10 +7,11 @@ from typing import Any
 
 import torch
 
-from draftwise.cached_lm import CachedLM, TokenCache
 from draftwise.drafters.base import Draft, DraftContext, ModelDrafter
 from draftwise.drafters.draft_shapes import TreeOptions, draft_chain, draft_tree
 from draftwise.drafters.stopping import StopRule
+from draftwise.models.cached_lm import CachedLM, TokenCache
+from draftwise.models.drafter_bank import BankLM
 
 
 class LMDrafter(ModelDrafter):
@@ -22,7 +23,7 @@ class LMDrafter(ModelDrafter):
         self.name = name
         self.source = source
         self.model = model
-        self.lm: TokenCache = CachedLM(model)  # or, on a bank, a BankLM view (draftwise.drafter_bank)
+        self.lm: TokenCache = CachedLM(model)  # or, on a bank, a BankLM view (draftwise.models.drafter_bank)
         self.tree = tree or TreeOptions()
 
     def recover(self) -> None:
@@ -35,8 +36,6 @@ class LMDrafter(ModelDrafter):
         return self.model
 
     def join_bank(self, bank: Any, slot: int) -> None:
-        from draftwise.drafter_bank import BankLM
-
         self.lm = BankLM(bank, slot, self.model)
         self.bank, self.bank_slot = bank, slot
 

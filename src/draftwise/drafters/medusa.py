@@ -21,7 +21,7 @@ from draftwise.drafters.base import Draft, DraftContext
 from draftwise.drafters.draft_shapes import TreeOptions, draft_chain, draft_tree
 from draftwise.drafters.stopping import StopRule
 from draftwise.drafters.whitebox import HeadConfig, WhiteBoxDrafter, load_head_weights, register_head_kind
-from draftwise.vocab_map import VocabMap
+from draftwise.models.vocab_map import VocabMap
 
 
 def medusa_config(hidden_size: int, vocab_size: int, num_heads: int = 3, **extra: Any) -> HeadConfig:

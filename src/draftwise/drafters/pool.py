@@ -1,4 +1,7 @@
-"""Per-query copies of a drafter pool, for queries that run side by side (a batch, vLLM's requests).
+"""A drafter pool: per-query copies for queries that run side by side (a batch, vLLM's requests), and its
+small Llama drafters moved onto shared banks (:func:`attach_banks`).
+
+Copies:
 
 * PLD keeps a per-query n-gram index: each query gets a fresh copy.
 * Suffix keeps a per-query trie *and* a store of responses shared by every query: a query's copy
@@ -14,10 +17,14 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from draftwise.drafters.base import Drafter
+import torch
+
+from draftwise.drafters.base import Drafter, ModelDrafter
 from draftwise.drafters.retrieval import RetrievalDrafter
 from draftwise.drafters.suffix import SuffixDrafter
+from draftwise.models.drafter_bank import LlamaBank, bank_key
 
 
 def _is_shared(drafter: Drafter) -> bool:
@@ -67,11 +74,9 @@ class DrafterPool:
 
     def for_request(self, prompt: Sequence[int], banks: bool = False) -> list[Drafter]:
         """One query's drafters, begun on its prompt; ``banks``: its small Llama drafters on the lean
-        batched path (:func:`~draftwise.drafter_bank.attach_banks`), as the engine runs them."""
+        batched path (:func:`attach_banks`), as the engine runs them."""
         out = self.copies()
         if banks:
-            from draftwise.drafter_bank import attach_banks
-
             attach_banks(out)
         for drafter in out:
             drafter.begin_query(prompt)
@@ -93,3 +98,19 @@ class DrafterPool:
             drafter = drafters[index]
             assert isinstance(drafter, SuffixDrafter)
             store.sync(drafter)
+
+
+def attach_banks(drafters: Sequence[Any], head_dtype: str | torch.dtype | None = None) -> list[LlamaBank]:
+    """Move model drafters of one Llama shape onto shared banks (the others stay as they are)."""
+    groups: dict[tuple, list[ModelDrafter]] = {}
+    for drafter in drafters:
+        model = drafter.hf_model() if isinstance(drafter, ModelDrafter) else None
+        if model is not None and (key := bank_key(model)) is not None:
+            groups.setdefault(key, []).append(drafter)
+    banks = []
+    for members in groups.values():
+        bank = LlamaBank([d.hf_model() for d in members], head_dtype)
+        for slot, drafter in enumerate(members):
+            drafter.join_bank(bank, slot)
+        banks.append(bank)
+    return banks

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
+from draftwise.errors import DraftwiseError
 
 
 class NgramIndex:
@@ -61,8 +62,6 @@ class PromptLookupDrafter(Drafter):
     """Longest n-gram match (max_ngram down to min_ngram) of the last tokens within prompt + generated text."""
 
     def __init__(self, *, max_ngram: int = 3, min_ngram: int | None = None, name: str = "pld") -> None:
-        from draftwise.errors import DraftwiseError
-
         if max_ngram < 1:
             raise DraftwiseError(f"pld: max_ngram must be ≥ 1, got {max_ngram}")
         min_ngram = min(MIN_NGRAM, max_ngram) if min_ngram is None else min_ngram

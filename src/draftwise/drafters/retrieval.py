@@ -1,10 +1,10 @@
 """REST-style retrieval drafter: continuations looked up in a suffix-array datastore.
 
-The datastore (:mod:`draftwise.datastore`) is a stream of token ids with its suffix array. To draft:
+The datastore (:mod:`draftwise.retrieval.datastore`) is a stream of token ids with its suffix array. To draft:
 
 1. find the longest suffix of the context (≤ ``max_match`` tokens) that occurs in the stream: a
    binary search on the length, since an occurring suffix implies every shorter one occurs; each
-   test narrows the suffix array's range token by token (:mod:`draftwise.suffix_array`);
+   test narrows the suffix array's range token by token (:mod:`draftwise.retrieval.suffix_array`);
 2. take the occurrences in that range — a deterministic, evenly spaced sample of at most
    ``sample`` of them — and the tokens that follow each one (up to its document's end);
 3. the occurrences are sorted by what follows them, so equal continuations are neighbours:
@@ -19,10 +19,10 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-from draftwise.datastore import Datastore
 from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
 from draftwise.errors import DraftwiseError
-from draftwise.suffix_array import (
+from draftwise.retrieval.datastore import Datastore
+from draftwise.retrieval.suffix_array import (
     Continuation,
     Match,
     continuation_tree,

@@ -20,6 +20,7 @@ import torch
 
 from draftwise.errors import DraftwiseError
 from draftwise.options import keyword_defaults, split_spec, typed_options
+from draftwise.policies import make_policy
 from draftwise.registry import Registry
 
 
@@ -323,10 +324,6 @@ class TokenLevelTapOut(StopRule):
     def __init__(self, *, learner: str = "ts-beta",
                  rules: str = "static/max-confidence/svip/adaedl/svip-difference/logit-margin",
                  positions: int = 128, rng: Any = None) -> None:
-        import numpy as np
-
-        from draftwise.policies import make_policy
-
         self.name = "tapout-token"
         self.rule_specs = [r for r in rules.split("/") if r]
         if not self.rule_specs or "tapout-token" in self.rule_specs:
@@ -350,8 +347,6 @@ class TokenLevelTapOut(StopRule):
         if step == 0 or step > self.positions:
             return False
         while len(self.learners) < step:
-            from draftwise.policies import make_policy
-
             learner = make_policy(self.learner_spec, self.rule_specs, self.rng)
             learner.begin_query()
             self.learners.append(learner)

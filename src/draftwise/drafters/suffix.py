@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftwise.coupling import gumbel_value
 from draftwise.drafters.base import DRAFTERS, Draft, DraftContext, Drafter
 from draftwise.errors import DraftwiseError
-from draftwise.tree import ROOT
+from draftwise.verify.coupling import gumbel_value
+from draftwise.verify.tree import ROOT
 
 Node = int  # a trie node: its index in the trie's per-node lists (0: the root)
 Location = int  # a node (≥ 0), or a point past a node along its one occurrence (< 0, see SuffixTrie)

@@ -25,14 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
-from draftwise.cached_lm import RowBuffer
-from draftwise.drafter_bank import resolve_head_dtype
 from draftwise.drafters.base import ModelDrafter
 from draftwise.drafters.draft_shapes import TreeOptions
 from draftwise.errors import DraftwiseError
-from draftwise.vocab_map import FILE, VocabMap, load_vocab_map
+from draftwise.models.cached_lm import RowBuffer
+from draftwise.models.drafter_bank import resolve_head_dtype
+from draftwise.models.loading import resolve_model_path
+from draftwise.models.vocab_map import FILE, VocabMap, load_vocab_map
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +139,6 @@ def causal_allowed(past: int, new: int, device: torch.device | str = "cpu") -> t
 # -- head runtime shared by EAGLE and Medusa -----------------------------------------------------------------
 def save_head(module: nn.Module, config: HeadConfig, folder: Path, dtype: torch.dtype = torch.float16) -> Path:
     """Write config.json and model.safetensors (the head's own weights only)."""
-    from safetensors.torch import save_file
-
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(dtype).contiguous() for k, v in module.state_dict().items()}
     save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
@@ -159,8 +159,6 @@ def read_head_config(folder: str | Path) -> HeadConfig:
 
 def load_head_weights(module: nn.Module, folder: str | Path) -> nn.Module:
     """Load the weights into ``module`` in float32 (CPU fp16 kernels are slow; storage stays fp16)."""
-    from safetensors.torch import load_file
-
     path = Path(folder).expanduser() / WEIGHTS_FILE
     if not path.exists():
         raise DraftwiseError(f"no head weights at {path}")
@@ -192,7 +190,7 @@ class WhiteBoxDrafter(ModelDrafter):
         self.embed = target.get_input_embeddings()  # shared with the target, never trained here
         self.lm_head = target.get_output_embeddings()
         # A copy of the LM head in bfloat16 where the CPU multiplies it natively: it is read for
-        # every drafted token, and in float32 it is most of a draft's cost (see draftwise.drafter_bank).
+        # every drafted token, and in float32 it is most of a draft's cost (see draftwise.models.drafter_bank).
         # With a vocabulary subset (``vocab``, FR-Spec) only its rows are kept: a large target's head
         # (49k rows) would otherwise cost more than the head's own layer.
         weight = self.lm_head.weight
@@ -283,8 +281,6 @@ def load_head_drafter(path: str, target: Any, *, kind: str = "", name: str = "",
 
     ``kind`` (eagle / medusa), when given, must match the checkpoint's marker.
     """
-    from draftwise.loading import resolve_model_path
-
     folder = Path(resolve_model_path(path)).expanduser()
     config = read_head_config(folder)
     if kind and config.kind != kind:

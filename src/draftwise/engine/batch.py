@@ -1,7 +1,7 @@
 """Batched rounds: many queries share each target forward, each with its own arm and learner.
 
 Every query of a batch is a *lane*: an :class:`~draftwise.engine.loop.Engine` of its own whose
-target is the query's row of one :class:`~draftwise.batched_lm.BatchedLM`, whose drafters are the
+target is the query's row of one :class:`~draftwise.models.batched_lm.BatchedLM`, whose drafters are the
 query's copies of the pool (:class:`~draftwise.drafters.pool.DrafterPool`: per-query caches and
 indexes, shared weights and stores) and whose learner is a copy of the shared one. A round runs
 the lanes' own select → draft, then **one** target forward for every lane's draft, then each
@@ -10,7 +10,7 @@ queries that join together run their prompts through the target together (``join
 forward per group of similar lengths, where row by row every prompt stalled the batch alone).
 
 Shared cost. The forward's time is shared by its rows: a fitted step-cost model
-(:mod:`draftwise.step_costs`, ``T ≈ a + b·R + c·D``) splits it, each row paying ``a/R + b + c·d``
+(:mod:`draftwise.decision.step_costs`, ``T ≈ a + b·R + c·D``) splits it, each row paying ``a/R + b + c·d``
 for its ``d`` draft tokens. ``D`` is what the forward computes: every row padded to the longest
 draft, R × that width (a fit on the sum of the drafts would make a batch where a few rows draft
 look several times cheaper than it is). Throughput rewards therefore see what drafting
@@ -23,7 +23,7 @@ one token for a plain row's share of the forward (``credit_plain``; the vLLM pro
 which matters under load, where a query's LM drafting holds up the whole batch. And every lane's
 draft is cut to the length that pays most at this batch size for a drafter accepting each token
 with probability ``cap_acceptance`` (0.9; the vLLM proposer's load cap,
-:func:`~draftwise.decide.load_limits`); where no length pays, every drafting arm is blocked for
+:func:`~draftwise.decision.core.load_limits`); where no length pays, every drafting arm is blocked for
 the round and each lane plays ``none``. On the dev set it gave +3 % / +5 % tokens/s to the
 default at B = 16 / 32 (2026-11-25, one run each, within noise) and nothing at B = 1.
 
@@ -37,7 +37,7 @@ Two ways to decide (``decide``):
   shorter lengths it reveals (``shorter_arms``).
 
 With the learner's ``keep`` a finished lane's rounds are replayed into the shared learner
-(:func:`~draftwise.decide.warm_start`), so later queries start from what earlier ones learned.
+(:func:`~draftwise.decision.core.warm_start`), so later queries start from what earlier ones learned.
 """
 
 from __future__ import annotations
@@ -52,18 +52,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftwise.arms import Arm
-from draftwise.batched_lm import BatchedLM, RowLM
-from draftwise.coupling import CoupledDraw, DrawJob, NoiseScreen, coupled_draws
-from draftwise.decide import NO_LIMITS, Limits, LoadLearners, arm_book, copy_learner, load_limits, warm_start
-from draftwise.draft import Draft
-from draftwise.drafter_bank import attach_banks
-from draftwise.drafters.pool import DrafterPool
-from draftwise.engine.loop import Engine, Planned, QueryOutcome
-from draftwise.engine.query import QuerySettings, QueryState
-from draftwise.engine.routing import PromptFit, RouteMemory
-from draftwise.policies import Policy, make_policy
-from draftwise.step_costs import (
+from draftwise.decision.arms import Arm
+from draftwise.decision.core import NO_LIMITS, Limits, LoadLearners, arm_book, copy_learner, load_limits, warm_start
+from draftwise.decision.routing import PromptFit, RouteMemory
+from draftwise.decision.step_costs import (
     MODEL_COST_KNOWN,
     CutRound,
     DraftSurvival,
@@ -72,7 +64,14 @@ from draftwise.step_costs import (
     best_width,
     measured_shares,
 )
+from draftwise.drafters.pool import DrafterPool, attach_banks
+from draftwise.engine.loop import Engine, Planned, QueryOutcome
+from draftwise.engine.query import QuerySettings, QueryState
+from draftwise.models.batched_lm import BatchedLM, RowLM
+from draftwise.policies import Policy, make_policy
 from draftwise.trace import RoundRecord
+from draftwise.verify.coupling import CoupledDraw, DrawJob, NoiseScreen, coupled_draws
+from draftwise.verify.draft import Draft
 
 log = logging.getLogger(__name__)
 
@@ -353,7 +352,7 @@ class BatchEngine:
 
     def _cut_to_width(self, plans: list[Planned]) -> list[Planned]:
         """Per-query decisions (chains only): the forward pads every row to the longest draft, so cut every chain
-        to the width with the best predicted throughput for the batch (:func:`~draftwise.step_costs.
+        to the width with the best predicted throughput for the batch (:func:`~draftwise.decision.step_costs.
         best_width`, each row's gain from the measured survival per draft position). A lane's learner
         chose its own draft; this only keeps one row's long draft from costing every row its width."""
         lengths = [len(plan.draft.tokens) for plan in plans]
@@ -375,7 +374,7 @@ class BatchEngine:
         return statistics.fmean if self.mean_model_cost else statistics.median
 
     def _limits(self, requests: int) -> Limits:
-        """Per-query decisions: what this load allows every lane (:func:`~draftwise.decide.
+        """Per-query decisions: what this load allows every lane (:func:`~draftwise.decision.core.
         load_limits`): drafts cut to the length that pays most for a drafter accepting each token
         with ``cap_acceptance`` (0 turns the cap off), and where none pays every drafting arm
         blocked; the model-drafter arms blocked when no draft length of theirs pays even for such a
@@ -394,7 +393,7 @@ class BatchEngine:
         A chain draft of length k also tells what every shorter length of the same drafter would
         have done (the same tokens, cut: min(accepted, j) of j accepted, a shorter forward): each
         arm in ``shorter[arm]`` gets that round as a side observation
-        (:meth:`~draftwise.decide.LoadLearners.learn`)."""
+        (:meth:`~draftwise.decision.core.LoadLearners.learn`)."""
         a, b, c = (float(v) for v in self.costs.coef[:3])
         rows = len(records)
         plain_row = (a + b * rows) / rows

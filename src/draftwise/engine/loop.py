@@ -14,20 +14,20 @@ from typing import Any
 
 import torch
 
-from draftwise.arms import Arm
-from draftwise.coupling import CoupledDraw, NoiseScreen, coupled_scores
-from draftwise.decide import NO_LIMITS, Choice, Limits, QueryDecider, arm_book
+from draftwise.decision.arms import Arm
+from draftwise.decision.core import NO_LIMITS, Choice, Limits, QueryDecider, arm_book
+from draftwise.decision.routing import PromptFit, RouteMemory, learn_route, prompt_prior, route
+from draftwise.decision.step_costs import PlainRounds
 from draftwise.drafters import Draft, Drafter, StopRule, make_stop_rule
 from draftwise.engine import evaluation
 from draftwise.engine.query import QuerySettings, QueryState, new_query
-from draftwise.engine.routing import PromptFit, RouteMemory, learn_route, prompt_prior, route
 from draftwise.engine.white_box import HiddenStateFeed
-from draftwise.grad_modes import GradModes, interrupted
+from draftwise.models.grad_modes import GradModes, interrupted
 from draftwise.policies import Policy
-from draftwise.step_costs import PlainRounds
 from draftwise.trace import RoundRecord
-from draftwise.tree import TreeVerdict, fit_tree, tree_depths, union_of, verify_tree_greedy, verify_tree_sampling
-from draftwise.verify import Verdict, acceptance_probs, verify_greedy, verify_sampling, warp
+from draftwise.verify.chain import Verdict, acceptance_probs, verify_greedy, verify_sampling, warp
+from draftwise.verify.coupling import CoupledDraw, NoiseScreen, coupled_scores
+from draftwise.verify.tree import TreeVerdict, fit_tree, tree_depths, union_of, verify_tree_greedy, verify_tree_sampling
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class Engine:
         self.routes = routes if routes is not None else RouteMemory()
         self.hidden = HiddenStateFeed(target, self.drafters)
         # What the decisions need of the arms: the no-speculation arm, the model arms, the lookups a
-        # contextual learner watches before each choice (draftwise.decide)
+        # contextual learner watches before each choice (draftwise.decision.core)
         self.book = arm_book(self.arms, self.drafters, getattr(policy, "context_on", ()))
         # Keep each query's rounds as its learner heard them, for replay into another learner (a
         # batched query's learner is a copy; see draftwise.engine.batch)
@@ -94,7 +94,7 @@ class Engine:
         hears = self.book.none is not None and policy.hears_plain and not policy.full_information
         self.plain_rounds = PlainRounds() if hears else None
         # Coupled sampling: cut a lookup's draft where its own noise says it would be rejected
-        # (draftwise.coupling.NoiseScreen; None turns it off). Speed only: the noise decides the text.
+        # (draftwise.verify.coupling.NoiseScreen; None turns it off). Speed only: the noise decides the text.
         self.noise_screen: NoiseScreen | None = NoiseScreen()
 
     # -- a query ------------------------------------------------------------------------------------
@@ -213,7 +213,7 @@ class Engine:
         return Planned(choice, draft, budget, t1 - t0 - lookup_s, time.perf_counter() - t1 + lookup_s, noises)
 
     def target_input(self, query: QueryState, draft: Draft) -> Any:
-        """The round's forward for a batched target row (:class:`~draftwise.batched_lm.RowLM`)."""
+        """The round's forward for a batched target row (:class:`~draftwise.models.batched_lm.RowLM`)."""
         if draft.parents is None:
             return self.target.chain_input(query.context + draft.tokens, len(draft.tokens) + 1)
         return self.target.tree_input(query.context, draft.tokens, draft.parents)
@@ -247,7 +247,7 @@ class Engine:
     def credit_plain(self, query: QueryState, planned: Planned, record: RoundRecord, seconds: float) -> None:
         """Tell the learner what no speculation would have earned in this round: one token for
         ``seconds`` (a plain round's cost, or a plain row's share of the forward;
-        :meth:`~draftwise.decide.QueryDecider.credit_plain`). Its work counts as the learner's."""
+        :meth:`~draftwise.decision.core.QueryDecider.credit_plain`). Its work counts as the learner's."""
         start = time.perf_counter()
         query.decider.credit_plain(planned.choice, record, seconds)
         record.policy_s += time.perf_counter() - start
@@ -261,7 +261,7 @@ class Engine:
 
     def _choose(self, query: QueryState, proposed: dict[tuple[int, int], Draft], limits: Limits,
                 imposed: int | None) -> tuple[Choice, float]:
-        """1. choose an arm (:meth:`~draftwise.decide.QueryDecider.choose`): the lookups the learner's
+        """1. choose an arm (:meth:`~draftwise.decision.core.QueryDecider.choose`): the lookups the learner's
         context watches propose first, each at the budget of the arm that would draft with it, their
         drafts kept in ``proposed`` for that arm (lookups are deterministic: the same draft). Returns
         the choice and the seconds the lookups took."""
@@ -322,7 +322,7 @@ class Engine:
 
     def _screen(self, query: QueryState, draft: Draft) -> tuple[Draft, list[float] | None]:
         """2b. under coupled sampling, cut a point-mass chain (a lookup's) before the tokens its own
-        noise says would be rejected (:class:`~draftwise.coupling.NoiseScreen`); the noises of the
+        noise says would be rejected (:class:`~draftwise.verify.coupling.NoiseScreen`); the noises of the
         tokens kept come back for the screen to learn from the verdict."""
         noise = query.dctx.noise  # set only for sampled queries under coupled sampling
         if noise is None or self.noise_screen is None or not draft.tokens or draft.probs is not None \
@@ -397,7 +397,7 @@ class Engine:
 
     def _feedback(self, query: QueryState, choice: Choice, record: RoundRecord, before: int, new: list[int],
                   verified: Verified) -> None:
-        """5. feedback (:meth:`~draftwise.decide.QueryDecider.learn`). Bandit policies learn now;
+        """5. feedback (:meth:`~draftwise.decision.core.QueryDecider.learn`). Bandit policies learn now;
         full-information ones once the evaluation phase has scored every drafter on the verified
         tokens, which they may defer and batch (HedgeSpec's skipping updates): deferred rounds are
         delivered later, in order."""
@@ -428,7 +428,7 @@ class Engine:
 
 
 def _drawn(draft: Draft, logits: torch.Tensor, draw: CoupledDraw) -> Verified:
-    """A chain judged on coupled draws made for the whole batch (:func:`draftwise.coupling.coupled_draws`):
+    """A chain judged on coupled draws made for the whole batch (:func:`draftwise.verify.coupling.coupled_draws`):
     accepted while the draft equals the target's draw, as :meth:`Engine._judge` does alone."""
     verdict = replace(verify_greedy(draft.tokens, logits, draw.choices), accept_probs=draw.accept_probs)
     return Verified(verdict, draft.tokens[: verdict.accepted], logits, draw.probs)

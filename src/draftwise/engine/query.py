@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftwise.coupling import PositionNoise
-from draftwise.decide import QueryDecider
+from draftwise.decision.core import QueryDecider
 from draftwise.drafters import DraftContext, StopRule
 from draftwise.trace import RoundRecord
-from draftwise.verify import Sampling
+from draftwise.verify.chain import Sampling
+from draftwise.verify.coupling import PositionNoise
 
 # Given the generated tokens so far and how many of them the last round added, the length to keep
 # if a stop string just completed, else None.
@@ -44,7 +44,7 @@ class QueryState:
 
     The engine's shared parts (target, drafters, arms, policy) never hold per-query state; a new
     query is a new :class:`QueryState`, so nothing is reset by hand. Its learner's decisions go
-    through its :class:`~draftwise.decide.QueryDecider`.
+    through its :class:`~draftwise.decision.core.QueryDecider`.
     """
 
     context: list[int]  # prompt + generated so far

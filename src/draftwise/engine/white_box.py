@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from draftwise.cached_lm import CachedLM
 from draftwise.drafters import Drafter
 from draftwise.engine.query import QueryState
+from draftwise.models.cached_lm import CachedLM
 
 
 class HiddenStateFeed:

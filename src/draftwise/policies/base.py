@@ -28,8 +28,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from draftwise.errors import DraftwiseError
-from draftwise.feedback import signal
 from draftwise.options import keyword_defaults, split_spec, typed_options
+from draftwise.policies.feedback import signal
 from draftwise.registry import Registry
 from draftwise.trace import RoundRecord
 
@@ -43,7 +43,7 @@ class Policy(ABC):
     # the single-query engine plays one now and then to keep that measure): not in the papers.
     hears_plain: bool = False
     # Arms the round cannot afford (a batch's load makes a model drafter's tokens cost more than
-    # they can earn), given for one ``select`` by the decision core (draftwise.decide): learners
+    # they can earn), given for one ``select`` by the decision core (draftwise.decision.core): learners
     # that know how skip them; for the others the round plays ``none`` instead, and they hear that.
     blocked: frozenset[int] = frozenset()
     # Contextual learners: names of drafters whose having a proposal this round is the context

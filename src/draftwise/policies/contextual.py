@@ -46,7 +46,7 @@ from draftwise.policies.base import register_policy
 from draftwise.policies.ucb import UCBPolicy
 
 Context = tuple[Hashable, ...] | None
-NONE = "none"  # the no-speculation arm (draftwise.arms.NONE, not imported: policies run without torch)
+NONE = "none"  # the no-speculation arm (draftwise.decision.arms.NONE, not imported: policies run without torch)
 FALLBACKS = ("none", "model")  # what the rule prior leads with where no lookup proposes
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from draftwise.errors import DraftwiseError
-from draftwise.feedback import length_loss
+from draftwise.policies.feedback import length_loss
 
 
 class DelayedFeedback:

@@ -2,7 +2,7 @@
 
 After each round the engine gives every drafter's acceptance probabilities along the verified
 tokens (``record.counterfactual``), so every arm gets a loss each round, not just the played one.
-The losses are HedgeSpec's (``draftwise.feedback``): acceptance probability, Theorem 3 length, or
+The losses are HedgeSpec's (``draftwise.policies.feedback``): acceptance probability, Theorem 3 length, or
 the hybrid schedule, in a chunk-level game (one loss vector per round, censored at the verified
 tokens, §B.3) or the token-level game (one per verified token, revealed with a delay, §3.3) fed
 through QFI-D (§B.1, ``draftwise.policies.delayed``).
@@ -19,10 +19,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from draftwise.errors import DraftwiseError
-from draftwise.feedback import acceptance_loss, counterfactual_matrix, length_loss
 from draftwise.policies.base import Policy, register_policy
 from draftwise.policies.delayed import DelayedFeedback, TokenGame
 from draftwise.policies.exp3 import sample, softmax
+from draftwise.policies.feedback import acceptance_loss, counterfactual_matrix, length_loss
 from draftwise.trace import RoundRecord
 
 E = math.e

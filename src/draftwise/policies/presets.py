@@ -17,7 +17,7 @@ TAPOUT_RULES = "static/max-confidence/svip/adaedl/svip-difference/logit-margin"
 class Preset:
     policy: str  # the underlying registered policy
     options: dict[str, str] = field(default_factory=dict)  # its options, as spec strings
-    arms: str = "drafters"  # the arm layout (draftwise.arms)
+    arms: str = "drafters"  # the arm layout (draftwise.decision.arms)
     summary: str = ""
     max_draft: int | None = None  # draft budget under dynamic stopping rules
     draft_len: int | None = None  # draft length (the lengths layout's L; static rules)

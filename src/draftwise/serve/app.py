@@ -35,7 +35,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from draftwise.api import check_generate_args, check_prompt_text
 from draftwise.errors import DraftwiseError
 from draftwise.serve.metrics import ServeMetrics
 from draftwise.serve.protocol import (
@@ -59,6 +58,7 @@ from draftwise.serve.protocol import (
 )
 from draftwise.serve.scheduler import Cancelled, Done, Failed, Job, Overloaded, Scheduler, Ticket, Tokens
 from draftwise.serve.security import Access, Guard
+from draftwise.settings.request import check_generate_args, check_prompt_text
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from draftwise.arms import Arm
-from draftwise.decide import (
+from draftwise.decision.arms import Arm
+from draftwise.decision.core import (
     Choice,
     Limits,
     LoadLearners,
@@ -35,11 +35,11 @@ from draftwise.decide import (
     make_learner,
     warm_start,
 )
+from draftwise.decision.step_costs import CutRound, StepCostModel, StepShape, attribute, batch_times
 from draftwise.drafters import DraftContext
 from draftwise.drafters.pool import DrafterPool
 from draftwise.errors import DraftwiseError
 from draftwise.policies import make_policy
-from draftwise.step_costs import CutRound, StepCostModel, StepShape, attribute, batch_times
 from draftwise.trace import RoundRecord
 from draftwise.vllm.batch_view import BatchView
 from draftwise.vllm.options import ProposerOptions
@@ -92,7 +92,7 @@ class ProposerCore:
             raise DraftwiseError(f"policy {options.policy!r} needs full-information feedback (an evaluation "
                                  "phase), which the vLLM proposer does not run; use a bandit policy")
         # the no-speculation arm, the model arms (a request's LM draft runs while every other
-        # request waits) and the lookups a contextual learner watches (draftwise.decide)
+        # request waits) and the lookups a contextual learner watches (draftwise.decision.core)
         self.book = arm_book(self.arms, drafters, self.learner.context_on)
 
     # -- set-up ------------------------------------------------------------------------------
@@ -263,7 +263,7 @@ class ProposerCore:
         return list(drafter.propose(state.tokens, length, self.ctx, stop).tokens)[:length]
 
     def _limits(self, requests: int) -> Limits:
-        """What this load allows every request (:func:`~draftwise.decide.load_limits`): drafts cut
+        """What this load allows every request (:func:`~draftwise.decision.core.load_limits`): drafts cut
         to the length that pays most (0: no request drafts); model drafts cut to the length that
         pays counting each drafted token's measured drafting time besides its verification —
         requests draft one after another while the whole batch waits, so under load a model draft
@@ -306,7 +306,7 @@ class ProposerCore:
     def _batch_feedback(self, view: BatchView | None, verified: list[tuple[int, RequestState, int]],
                         sampled: Sequence[Sequence[int]], shape: StepShape | None) -> None:
         """The step's throughput per request in plain steps for the length played, and — the same
-        drafts cut shorter (:func:`~draftwise.step_costs.cut_round`) — a side observation for every
+        drafts cut shorter (:func:`~draftwise.decision.step_costs.cut_round`) — a side observation for every
         shorter length."""
         pending, self.batch_pending = self.batch_pending, None
         outcomes = []

@@ -19,7 +19,7 @@ step also a side observation of every shorter length),
 batch-size bucket to contextual learners' context, default false: the reward is already in
 units of the current load's plain step, and without it a new load starts from what the last
 one taught), ``time_unit`` (``plain-step``
-or ``seconds``, see :mod:`draftwise.step_costs`), ``free_none`` (in plain-step units a round
+or ``seconds``, see :mod:`draftwise.decision.step_costs`), ``free_none`` (in plain-step units a round
 without speculation is worth exactly one token per unit, so the learner is told so after every
 drafted round, as if it had also played ``none``; default true; needs ``time_unit="plain-step"``),
 ``cap_acceptance`` (the load-aware length cap: every
@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import json
 import os
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from draftwise.drafters.arctic_suffix import arctic_available
 from draftwise.errors import DraftwiseError
 
 ENV_VAR = "DRAFTWISE_VLLM_CONFIG"
@@ -58,8 +60,6 @@ NATIVE_DRAFTERS = ("arctic-suffix:name=suffix",)
 
 def default_drafters() -> tuple[str, ...]:
     """``arctic-suffix`` (named ``suffix``) where arctic-inference imports, else ``suffix``."""
-    from draftwise.drafters.arctic_suffix import arctic_available
-
     return NATIVE_DRAFTERS if arctic_available() else DEFAULT_DRAFTERS
 
 
@@ -132,8 +132,6 @@ def parse_config_text(text: str, origin: str) -> dict[str, Any]:
     """A JSON object (or TOML document, for ``*.toml`` origins) → dict, with one clear error."""
     try:
         if origin.endswith(".toml"):
-            import tomllib
-
             data: Any = tomllib.loads(text)
         else:
             data = json.loads(text)

@@ -9,7 +9,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from draftwise.arms import NONE, Arm, ArmSettings, build_arms
+import torch
+
+from draftwise.decision.arms import NONE, Arm, ArmSettings, build_arms
+from draftwise.decision.routing import PromptFit, best_fit
 from draftwise.drafters import (
     DraftContext,
     Drafter,
@@ -17,8 +20,9 @@ from draftwise.drafters import (
     build_drafters,
     make_stop_rule,
 )
-from draftwise.engine.routing import PromptFit, best_fit
 from draftwise.errors import DraftwiseError
+from draftwise.models.loading import LoadOptions
+from draftwise.policies import PRESETS
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +30,6 @@ class _VocabStub:
     """Stands in for the target model where drafter loading checks the vocabulary size only."""
 
     def __init__(self, vocab_size: int) -> None:
-        import torch
-
         self._head = torch.nn.Linear(1, max(vocab_size, 1), bias=False)
 
     def get_output_embeddings(self) -> Any:
@@ -38,8 +40,6 @@ def build_templates(specs: Sequence[str], vocab_size: int) -> list[Drafter]:
     """Build every drafter once (bad specs fail here, at start-up)."""
     if not specs:
         return []
-    from draftwise.loading import LoadOptions
-
     return build_drafters(list(specs), _VocabStub(vocab_size), None, LoadOptions())
 
 
@@ -47,8 +47,6 @@ def default_arms(policy: str, drafters: Sequence[Drafter], draft_len: int) -> st
     """The arm layout for a policy in vLLM: a preset's own layout; otherwise every drafter at the
     full draft length plus no speculation (the default policy's contexts pick among them).
     LM drafters join as one routed arm (``auto@4``) when there are several."""
-    from draftwise.policies import PRESETS
-
     name = policy.split(":", 1)[0]
     if name in PRESETS:
         return PRESETS.get(name).arms

@@ -1,4 +1,5 @@
-"""The embedded model zoo: a small Llama target and domain-specialist drafters trained here.
+"""The embedded model zoo: a small Llama target and domain-specialist drafters
+(trained by :mod:`draftwise.training`; this package only finds them by name).
 
 Load by name (``zoo:target``, ``zoo:code``, …; ``zoo:all`` = every zoo drafter)::
 

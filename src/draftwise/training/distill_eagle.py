@@ -32,10 +32,10 @@ import torch
 
 from draftwise.drafters.eagle import EagleHead, eagle_config
 from draftwise.drafters.whitebox import lm_head_fingerprint, save_head, target_dims
-from draftwise.vocab_map import FILE as VOCAB_FILE
-from draftwise.vocab_map import VocabMap
-from draftwise.zoo.heads import HiddenSet, eagle_loss
-from draftwise.zoo.train import TrainConfig, train_loop
+from draftwise.models.vocab_map import FILE as VOCAB_FILE
+from draftwise.models.vocab_map import VocabMap
+from draftwise.training.heads import HiddenSet, eagle_loss
+from draftwise.training.train import TrainConfig, train_loop
 
 log = logging.getLogger(__name__)
 

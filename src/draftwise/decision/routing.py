@@ -13,11 +13,11 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from draftwise.arms import Arm
+from draftwise.decision.arms import Arm
 from draftwise.drafters import DraftContext, Drafter
 from draftwise.drafters.base import SharedForwards
-from draftwise.feedback import reward_from_acceptance
 from draftwise.policies import Policy
+from draftwise.policies.feedback import reward_from_acceptance
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftwise.draft import Draft
 from draftwise.errors import DraftwiseError
+from draftwise.verify.draft import Draft
 
 ROOT = -1
 
@@ -209,7 +209,7 @@ def verify_tree_greedy(tokens: Sequence[int], parents: Sequence[int], target_log
     child matched; after the path ends they continue down the first branch (conditioned on the
     draft, as the chain's per-position probabilities are).
     """
-    if choice is None:  # argmax's answer, cheaper (draftwise.verify.verify_greedy)
+    if choice is None:  # argmax's answer, cheaper (draftwise.verify.chain.verify_greedy)
         choice = target_logits.max(-1).indices.tolist()
     children = tree_children(parents)
     path: list[int] = []

@@ -44,8 +44,8 @@ from draftwise.drafters.medusa import MedusaHeads, medusa_config
 from draftwise.drafters.whitebox import HeadConfig, lm_head_fingerprint, load_head_weights, save_head, target_dims
 from draftwise.errors import DraftwiseError
 from draftwise.registry import Registry
-from draftwise.zoo.corpus import DOMAINS, SPECIALIST_DOMAINS
-from draftwise.zoo.train import TrainConfig, TrainState, chunk_stream, train_loop
+from draftwise.training.corpus import DOMAINS, SPECIALIST_DOMAINS
+from draftwise.training.train import TrainConfig, TrainState, chunk_stream, train_loop
 
 log = logging.getLogger(__name__)
 
@@ -349,9 +349,9 @@ def corpus_streams(data: Path, tokenizer: Any, corpus_budget: str) -> dict[str, 
     the shared data folder (the corpus is rebuilt with the build budget's settings and seed, which
     gives the same split).
     """
-    from draftwise.zoo.budgets import BUDGETS
-    from draftwise.zoo.corpus import build_corpus, read_corpus
-    from draftwise.zoo.tokenizer import encode_examples
+    from draftwise.training.budgets import BUDGETS
+    from draftwise.training.corpus import build_corpus, read_corpus
+    from draftwise.training.tokenizer import encode_examples
 
     if (data / "corpus" / "DONE").exists():
         corpus = read_corpus(data / "corpus")

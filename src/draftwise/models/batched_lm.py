@@ -8,7 +8,7 @@ per-row attention mask lets each query see exactly its own cached slots and its 
 (causally, or along a draft tree). Padding writes land beyond a row's length and are overwritten
 later, and cutting a row back after a rejection only lowers its length: no copying, no holes.
 
-:class:`RowLM` is one row seen as a :class:`~draftwise.cached_lm.TokenCache` (the engine's target
+:class:`RowLM` is one row seen as a :class:`~draftwise.models.cached_lm.TokenCache` (the engine's target
 for one query): alone it runs batch-of-one forwards on its row (the prompt, a white-box prefill);
 the batched round asks every row for its :class:`RowInput` and runs them in one forward.
 
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from draftwise.cached_lm import HiddenStatesMixin, PendingTree, RowBuffer, cache_keyword, common_prefix_len
-from draftwise.tree import check_tree, tree_attention_mask, tree_positions
+from draftwise.models.cached_lm import HiddenStatesMixin, PendingTree, RowBuffer, cache_keyword, common_prefix_len
+from draftwise.verify.tree import check_tree, tree_attention_mask, tree_positions
 
 
 @dataclass
@@ -282,7 +282,7 @@ class RowLM(HiddenStatesMixin):
     """One row of a :class:`BatchedLM`: a query's target cache, following its token sequence.
 
     ``tokens`` are the tokens whose keys and values the row holds (its first ``length`` slots);
-    a pending draft tree (:class:`~draftwise.cached_lm.TreeCacheMixin`) sits after them until the
+    a pending draft tree (:class:`~draftwise.models.cached_lm.TreeCacheMixin`) sits after them until the
     next sync keeps its accepted path.
     """
 

@@ -28,10 +28,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from draftwise.vocab_map import vocab_map_of
-from draftwise.zoo.corpus import DOMAINS, SPECIALIST_DOMAINS, Example, read_split
+from draftwise.models.vocab_map import vocab_map_of
+from draftwise.training.corpus import DOMAINS, SPECIALIST_DOMAINS, Example, read_split
+from draftwise.training.tokenizer import encode_prompts
 from draftwise.zoo.load import TARGET_NAME, zoo_entries
-from draftwise.zoo.tokenizer import encode_prompts
 
 log = logging.getLogger(__name__)
 

@@ -95,7 +95,7 @@ class StepCostModel:
         self.coef: tuple[float, ...] = self.prior_mean  # a, b, c, p (seconds)
         self.draft_cost_known = False  # see DRAFT_COST_KNOWN
         # What a model drafter's draft token costs a lane (each play's drafting ÷ its tokens, first
-        # plays included: draftwise.decide.model_cap). Like the step's own costs it is a
+        # plays included: draftwise.decision.core.model_cap). Like the step's own costs it is a
         # property of the drafters, the target and the device, so a Generator's sessions share it:
         # each new session used to try the model arms again while every row waited (4–5 plays a run
         # on an H200, 20–50 ms each against a 4 ms step).

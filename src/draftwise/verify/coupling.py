@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftwise.verify import Sampling, warp
+from draftwise.verify.chain import Sampling, warp
 
 MASK32 = 0xFFFFFFFF
 MASK64 = (1 << 64) - 1

@@ -21,7 +21,7 @@ class Sampling:
     """How tokens are chosen: greedy when temperature is 0, else warped sampling.
 
     ``coupled``: each sampled token is the Gumbel-max of the warped target with noise fixed by the
-    query's seed and the token's position (:mod:`draftwise.coupling`: one seed, one text, whatever
+    query's seed and the token's position (:mod:`draftwise.verify.coupling`: one seed, one text, whatever
     was drafted); else classic speculative (rejection) sampling, whose draws depend on the drafts.
     """
 
@@ -94,7 +94,7 @@ def verify_greedy(draft: Sequence[int], target_logits: torch.Tensor, choice: Seq
     """Accept the longest prefix equal to the target's argmax, then the target's next argmax.
 
     Coupled sampling judges the same way on the perturbed scores ``log p + g`` (their argmax is the
-    target's draw; :func:`draftwise.coupling.coupled_scores`).
+    target's draw; :func:`draftwise.verify.coupling.coupled_scores`).
 
     ``max(-1).indices`` is argmax's answer (the first maximal index) at ≈ 0.6× its cost on CPU
     (50 vs 80 µs for 5 rows of 8k logits, per query and round: a batch's bookkeeping). ``choice``:

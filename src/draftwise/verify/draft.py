@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftwise.coupling import PositionNoise
-from draftwise.verify import Sampling
+from draftwise.verify.chain import Sampling
+from draftwise.verify.coupling import PositionNoise
 
 
 @dataclass
 class Draft:
-    """A chain of draft tokens, or a tree when ``parents`` is given (:mod:`draftwise.tree`).
+    """A chain of draft tokens, or a tree when ``parents`` is given (:mod:`draftwise.verify.tree`).
 
     In a tree, ``parents[i]`` is node i's parent (−1 = the context), nodes in topological order,
     and ``probs[i]`` the distribution node i was drawn from given its earlier siblings.

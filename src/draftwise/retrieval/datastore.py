@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from draftwise.errors import DraftwiseError
-from draftwise.suffix_array import SEPARATOR, Match, continuation_windows, longest_match, suffix_array
+from draftwise.retrieval.suffix_array import SEPARATOR, Match, continuation_windows, longest_match, suffix_array
 
 logger = logging.getLogger(__name__)
 

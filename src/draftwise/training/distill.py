@@ -1,7 +1,7 @@
-"""Drafters for a real target, distilled from its own greedy answers (:mod:`draftwise.zoo.labels`).
+"""Drafters for a real target, distilled from its own greedy answers (:mod:`draftwise.training.labels`).
 
 Each drafter is a small Llama over a frequency-ranked subset of the target's vocabulary
-(:mod:`draftwise.vocab_map`): the target's most frequent answer tokens, plus one id for every
+(:mod:`draftwise.models.vocab_map`): the target's most frequent answer tokens, plus one id for every
 other token. Its embeddings start from the target's own, projected onto their principal
 directions, so training starts from the target's sense of which tokens are alike. The generalist
 learns every domain's answers; each specialist starts from the generalist and continues on its
@@ -9,7 +9,7 @@ own domain only, so it keeps the generalist's language and sharpens on its domai
 
 Training is next-token cross-entropy on the answers' tokens only (what a drafter is asked to
 predict), with the chat prompt as context. Last, an EAGLE head learns the same answers from the
-target's hidden states (:mod:`draftwise.zoo.distill_eagle`).
+target's hidden states (:mod:`draftwise.training.distill_eagle`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from draftwise.vocab_map import FILE as VOCAB_FILE
-from draftwise.vocab_map import VocabMap
-from draftwise.zoo.distill_eagle import train_eagle
-from draftwise.zoo.train import ModelShape, TrainConfig, chunk_stream, count_params, train_loop
+from draftwise.models.vocab_map import FILE as VOCAB_FILE
+from draftwise.models.vocab_map import VocabMap
+from draftwise.training.distill_eagle import train_eagle
+from draftwise.training.train import ModelShape, TrainConfig, chunk_stream, count_params, train_loop
 
 EAGLE = "eagle"  # the white-box head, trained after the LM drafters on the same labels
 
@@ -160,8 +160,8 @@ def save_drafter(model: Any, vocab: VocabMap, folder: Path, meta: dict[str, Any]
 
 def corpus_for(data: Path, out: Path) -> Any:
     """The zoo corpus (the toy zoo's splits and seed: train examples only are labelled), cached in ``out``."""
-    from draftwise.zoo.budgets import BUDGETS
-    from draftwise.zoo.corpus import build_corpus, read_corpus, write_corpus
+    from draftwise.training.budgets import BUDGETS
+    from draftwise.training.corpus import build_corpus, read_corpus, write_corpus
 
     folder = out / "corpus"
     if (folder / "train").is_dir():
@@ -180,9 +180,9 @@ def run_distill(target_name: str, data: Path, out: Path, *, plan: Any = None, re
     trains just the drafters it names (specialists need the generalist first)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from draftwise.loading import resolve_model_path
-    from draftwise.zoo.corpus import DOMAINS, SPECIALIST_DOMAINS
-    from draftwise.zoo.labels import LabelPlan, chat_prompt_ids, label_domain, read_labels
+    from draftwise.models.loading import resolve_model_path
+    from draftwise.training.corpus import DOMAINS, SPECIALIST_DOMAINS
+    from draftwise.training.labels import LabelPlan, chat_prompt_ids, label_domain, read_labels
 
     recipe = recipe or DrafterRecipe()
     plan = plan or LabelPlan()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from draftwise.registry import Registry
-from draftwise.zoo.corpus import SourceLimits
-from draftwise.zoo.train import ModelShape, TrainConfig
+from draftwise.training.corpus import SourceLimits
+from draftwise.training.train import ModelShape, TrainConfig
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ drafters unless they are named: a drafter must speak the target's vocabulary.
 
 from __future__ import annotations
 
-from draftwise.named_models import is_named_model
+from draftwise.models.named_models import is_named_model
 from draftwise.zoo.load import TOY_TARGET
 
 DEFAULT_TARGET = "smollm2"

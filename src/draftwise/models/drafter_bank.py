@@ -5,7 +5,7 @@ and dispatch overhead (≈ 0.8 ms on these CPUs whatever the size). Drafter nume
 losslessness — the target decides every token — so drafters may run on this hand-written path:
 the same maths (RMSNorm, rotary embeddings, grouped-query attention, SiLU-gated MLP) on stacked
 weights with ``torch.bmm``. Drafters of one shape share a :class:`LlamaBank`; each is driven
-through a :class:`BankLM` view with the :class:`~draftwise.cached_lm.CachedLM` interface, and the
+through a :class:`BankLM` view with the :class:`~draftwise.models.cached_lm.CachedLM` interface, and the
 evaluation phase feeds the newly verified tokens to *all* of them in one batched forward.
 
 The target always runs through transformers' own forward.
@@ -26,9 +26,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from draftwise.cached_lm import TreeCacheMixin, all_or_nothing, common_prefix_len
-from draftwise.verify import top1_hits
-from draftwise.vocab_map import input_ids, output_size, vocab_map_of
+from draftwise.models.cached_lm import TreeCacheMixin, all_or_nothing, common_prefix_len
+from draftwise.models.vocab_map import input_ids, output_size, vocab_map_of
+from draftwise.verify.chain import top1_hits
 
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
               "vocab_size", "rms_norm_eps", "tie_word_embeddings")
@@ -333,7 +333,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class BankLM(TreeCacheMixin):
-    """One drafter of a bank, with the :class:`~draftwise.cached_lm.TokenCache` interface."""
+    """One drafter of a bank, with the :class:`~draftwise.models.cached_lm.TokenCache` interface."""
 
     def __init__(self, bank: LlamaBank, slot: int, model: Any) -> None:
         self.bank, self.slot, self.model = bank, slot, model
@@ -388,21 +388,3 @@ class BankLM(TreeCacheMixin):
 
     def _truncate(self, length: int) -> None:
         pass  # attention never reads past the entries a forward is told about
-
-
-def attach_banks(drafters: Sequence[Any], head_dtype: str | torch.dtype | None = None) -> list[LlamaBank]:
-    """Move model drafters of one Llama shape onto shared banks (the others stay as they are)."""
-    from draftwise.drafters.base import ModelDrafter
-
-    groups: dict[tuple, list[ModelDrafter]] = {}
-    for drafter in drafters:
-        model = drafter.hf_model() if isinstance(drafter, ModelDrafter) else None
-        if model is not None and (key := bank_key(model)) is not None:
-            groups.setdefault(key, []).append(drafter)
-    banks = []
-    for members in groups.values():
-        bank = LlamaBank([d.hf_model() for d in members], head_dtype)
-        for slot, drafter in enumerate(members):
-            drafter.join_bank(bank, slot)
-        banks.append(bank)
-    return banks

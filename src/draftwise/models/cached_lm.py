@@ -6,7 +6,7 @@ rest (rejected draft tokens) and feeds only the tokens it has not seen (a drafte
 after idle rounds, MetaSD's switching cost). Accepted tokens are never recomputed.
 
 :class:`TokenCache` is the interface the engine and the drafters rely on; :class:`CachedLM`
-(transformers' forward) and :class:`~draftwise.drafter_bank.BankLM` (one drafter of a batched
+(transformers' forward) and :class:`~draftwise.models.drafter_bank.BankLM` (one drafter of a batched
 bank) implement it.
 """
 
@@ -21,8 +21,8 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from draftwise.errors import DraftwiseError
-from draftwise.tree import additive_mask, check_tree, match_path, tree_attention_mask, tree_positions
-from draftwise.vocab_map import VocabMap, input_ids, output_size, vocab_map_of
+from draftwise.models.vocab_map import VocabMap, input_ids, output_size, vocab_map_of
+from draftwise.verify.tree import additive_mask, check_tree, match_path, tree_attention_mask, tree_positions
 
 Method = TypeVar("Method", bound=Callable[..., Any])
 

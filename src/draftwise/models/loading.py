@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from draftwise.errors import DraftwiseError
-from draftwise.named_models import gguf_folder, is_named_model, resolve_named_model
+from draftwise.models.named_models import gguf_folder, is_named_model, resolve_named_model
+from draftwise.zoo import resolve_zoo_name
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,6 @@ def resolve_model_path(name: str) -> str:
     cached folder (fetched on first use) and a ``.gguf`` file to its converted folder; anything
     else is a local path or hub id."""
     if name.startswith("zoo:"):
-        from draftwise.zoo import resolve_zoo_name  # the zoo is optional until it is built
-
         return str(resolve_zoo_name(name))
     if is_named_model(name):
         return str(resolve_named_model(name))

@@ -35,8 +35,8 @@ from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFas
 
 from draftwise.errors import DraftwiseError
 from draftwise.registry import Registry
-from draftwise.zoo.budgets import BUDGETS, BuildBudget
-from draftwise.zoo.corpus import (
+from draftwise.training.budgets import BUDGETS, BuildBudget
+from draftwise.training.corpus import (
     DOMAINS,
     SPECIALIST_DOMAINS,
     build_corpus,
@@ -45,8 +45,8 @@ from draftwise.zoo.corpus import (
     read_corpus,
     write_corpus,
 )
-from draftwise.zoo.tokenizer import EOS, PAD, build_tokenizer, encode_examples
-from draftwise.zoo.train import (
+from draftwise.training.tokenizer import EOS, PAD, build_tokenizer, encode_examples
+from draftwise.training.train import (
     SpecialIds,
     TrainConfig,
     chunk_stream,

@@ -15,8 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from draftwise.errors import DraftwiseError
-from draftwise.zoo.build import GENERALIST, TARGET
-from draftwise.zoo.corpus import DOMAINS, SPECIALIST_DOMAINS
+from draftwise.training.build import GENERALIST, TARGET
+from draftwise.training.corpus import DOMAINS, SPECIALIST_DOMAINS
 from draftwise.zoo.load import MANIFEST, shipped_models_dir
 
 log = logging.getLogger(__name__)

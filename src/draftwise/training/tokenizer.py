@@ -16,7 +16,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from draftwise.zoo.corpus import Example
+from draftwise.training.corpus import Example
 
 PAD, EOS, USER, ASSISTANT, SYSTEM = "<|pad|>", "<|endoftext|>", "<|user|>", "<|assistant|>", "<|system|>"
 SPECIAL_TOKENS = (PAD, EOS, USER, ASSISTANT, SYSTEM)  # ids 0..4, in this order

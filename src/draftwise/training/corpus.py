@@ -35,9 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-from draftwise.corpora import open_text
 from draftwise.errors import DraftwiseError
 from draftwise.registry import Registry
+from draftwise.retrieval.corpora import open_text
 
 log = logging.getLogger(__name__)
 

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from draftwise.arms import Arm, lookups_among, model_arms
+from draftwise.decision.arms import Arm, lookups_among, model_arms
+from draftwise.decision.step_costs import CutRound, StepCostModel, cut_round, load_bucket, model_draft_cap
 from draftwise.drafters import Drafter
 from draftwise.policies import Policy, make_policy
 from draftwise.policies.base import replay
 from draftwise.policies.contextual import contextual_spec
-from draftwise.step_costs import CutRound, StepCostModel, cut_round, load_bucket, model_draft_cap
 from draftwise.trace import RoundRecord
 
 Key = tuple[Hashable, ...] | None  # a contextual learner's context (None: the learner has none)
@@ -117,7 +117,7 @@ def model_cap(costs: StepCostModel, book: ArmBook, requests: int, acceptance: fl
               summary: Callable[[Sequence[float]], float] = statistics.fmean) -> int:
     """The longest model draft that pays at this load, counting what a model drafter's token costs
     to draft (``summary`` of its recent plays, measured by the driver) besides its verification: a
-    query's model drafting runs while every other query waits (:func:`~draftwise.step_costs.
+    query's model drafting runs while every other query waits (:func:`~draftwise.decision.step_costs.
     model_draft_cap`; the longest model arm's length while too few plays are measured)."""
     return model_draft_cap(costs.coef, requests, book.longest_model, acceptance, costs.model_token_s, summary)
 
@@ -137,7 +137,7 @@ def load_limits(costs: StepCostModel, book: ArmBook, requests: int, acceptance: 
                 trim_models: bool = False, summary: Callable[[Sequence[float]], float] = statistics.fmean) -> Limits:
     """The limits of a round of ``requests`` queries: every draft cut to the length that pays most
     at this load for a drafter accepting each token with probability ``acceptance`` (0: no cap;
-    :meth:`~draftwise.step_costs.StepCostModel.cap`, weighing lengths up to ``longest``, by
+    :meth:`~draftwise.decision.step_costs.StepCostModel.cap`, weighing lengths up to ``longest``, by
     default the longest arm's; it probes while a draft token's cost is unknown), the model arms
     blocked where none of their drafts pays (:func:`model_cap`); see :func:`limits_at`."""
     if acceptance <= 0:
@@ -171,7 +171,7 @@ class QueryDecider:
         ``book.watched`` order (asked only where that is not empty); ``position``: the answer's
         tokens so far; ``imposed``: an arm the driver plays (a calibration round), which the learner
         still learns in this round's context; ``load``: the round's queries, when the context holds
-        their :func:`~draftwise.step_costs.load_bucket`."""
+        their :func:`~draftwise.decision.step_costs.load_bucket`."""
         key: Key = None
         if self.book.watched:
             if not self.hear_idle and self.book.lookups_only and not any(proposed):
@@ -249,7 +249,7 @@ RecordOf = Callable[[int, CutRound], RoundRecord]  # the driver's record of a ro
 
 class LoadLearners:
     """One learner picks one arm for the whole batch each round (BanditSpec §6.2: a draft length):
-    one learner per load (:func:`~draftwise.step_costs.load_bucket` of the rows in the round), each
+    one learner per load (:func:`~draftwise.decision.step_costs.load_bucket` of the rows in the round), each
     a copy of the shared learner the first time its load is seen. The best length moves with the
     load — drafting is nearly free at one row and costs a row's step per token when the forward is
     compute-bound — and a continuous batch runs at many loads (its tail drains to one row): one
@@ -269,7 +269,7 @@ class LoadLearners:
     def learn(self, bucket: int, played: int, outcomes: Sequence[tuple[int, int, int]],
               reveals: Sequence[tuple[int, int]], record_of: RecordOf) -> RoundRecord:
         """The round of ``outcomes`` (each row's drafted, accepted, emitted) for the arm played; and,
-        each chain cut shorter (:func:`~draftwise.step_costs.cut_round`: a prefix keeps what it
+        each chain cut shorter (:func:`~draftwise.decision.step_costs.cut_round`: a prefix keeps what it
         had accepted), a side observation for every ``(arm, length)`` it ``reveals`` (evidence, not
         a round played). Returns the played arm's record, its reward set."""
         learner = self.learners[bucket]

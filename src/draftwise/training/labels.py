@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from draftwise.zoo.corpus import Example
+from draftwise.training.corpus import Example
 
 log = logging.getLogger(__name__)
 

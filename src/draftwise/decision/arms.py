@@ -43,7 +43,7 @@ class Arm:
     # each one's top-1 accuracy on the prompt (``drafter`` is then only the first candidate).
     route: tuple[int, ...] = ()
     # A union arm (``pld|suffix@8``): these lookups propose too, and their drafts are merged with
-    # the first drafter's into one trie (draftwise.tree.union_of), verified in the same forward.
+    # the first drafter's into one trie (draftwise.verify.tree.union_of), verified in the same forward.
     # A pick arm (``suffix/pld@8``, ``pick``): they propose too, and the longest draft is verified.
     also: tuple[int, ...] = ()
     pick: bool = False

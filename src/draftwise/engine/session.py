@@ -1,12 +1,12 @@
-"""A continuous batch of queries over one :class:`~draftwise.api.Generator`, one round at a time.
+"""A continuous batch of queries over one batched engine, one round at a time.
 
 ``session.add(...)`` queues a query (checked at once: a bad one raises and nothing else changes);
 ``session.step()`` admits queued queries while the batch has room, runs one batched round and
 returns each query's new tokens; ``session.cancel(handle)`` drops a query between rounds. A
 server drives it from one thread; :meth:`~draftwise.api.Generator.generate_batch` runs it to the end.
 
-Every call holds the Generator's lock (:class:`~draftwise.api.Generator`): threads sharing a session,
-or a session and its Generator, take turns, one call (a round, for ``step``) at a time.
+Every call holds the lock it is given (a :class:`~draftwise.api.Generator`'s own): threads sharing a
+session, or a session and its Generator, take turns, one call (a round, for ``step``) at a time.
 """
 
 from __future__ import annotations
@@ -15,20 +15,24 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from draftwise.engine.batch import BatchEngine, Lane
+from draftwise.engine.intake import Intake
 from draftwise.engine.query import QuerySettings
 from draftwise.errors import DraftwiseError
-from draftwise.grad_modes import GradModes, interrupted
+from draftwise.models.grad_modes import GradModes, interrupted
 from draftwise.trace import GenerationResult, summarize
 
-if TYPE_CHECKING:
-    from draftwise.api import Generator
-
 log = logging.getLogger(__name__)
+
+
+def check_batch_size(max_batch: Any) -> int:
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise DraftwiseError(f"the batch size must be an integer ≥ 1, got {max_batch!r}")
+    return max_batch
 
 
 @dataclass(eq=False)
@@ -58,18 +62,11 @@ class BatchQuery:
 class BatchSession:
     """Queries joining and leaving one batch between rounds (at most ``max_batch`` at once)."""
 
-    def __init__(self, generator: Generator, max_batch: int = 32, decide: str = "query") -> None:
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise DraftwiseError(f"the batch size must be an integer ≥ 1, got {max_batch!r}")
-        self.generator = generator
-        self.max_batch = max_batch
-        try:
-            self.engine = BatchEngine(generator.model, generator.drafters, generator.arms, generator.policy,
-                                      decide=decide, fast_drafters=generator.fast_drafters,
-                                      head_dtype=generator.drafter_head_dtype, costs=generator.step_costs,
-                                      routes=generator.engine.routes)
-        except ValueError as error:
-            raise DraftwiseError(str(error)) from None
+    def __init__(self, engine: BatchEngine, intake: Intake, lock: Any, max_batch: int = 32) -> None:
+        self.engine = engine
+        self.intake = intake
+        self.lock = lock  # a threading.RLock: the Generator's, so its own calls and the session's take turns
+        self.max_batch = check_batch_size(max_batch)
         self.waiting: deque[BatchQuery] = deque()
         self.active: list[BatchQuery] = []
 
@@ -78,10 +75,10 @@ class BatchSession:
             stop: Sequence[str] = (), ignore_eos: bool = False, truncate: bool = False) -> BatchQuery:
         """Queue a query (the arguments of :meth:`~draftwise.api.Generator.generate`); it joins the
         batch at the next :meth:`step` with room. Bad arguments raise :class:`DraftwiseError` here."""
-        ids, settings, seed = self.generator.prepare(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
-                                                     ignore_eos, truncate)
+        ids, settings, seed = self.intake.prepare(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
+                                                  ignore_eos, truncate)
         handle = BatchQuery(ids, settings, seed)
-        with self.generator.lock:
+        with self.lock:
             self.waiting.append(handle)
         return handle
 
@@ -93,7 +90,7 @@ class BatchSession:
     def step(self) -> list[tuple[BatchQuery, list[int]]]:
         """Admit queued queries while there is room, run one round of the batch, retire finished
         queries. Returns each query with the tokens it gained (a finished one has ``result`` set)."""
-        with self.generator.lock:
+        with self.lock:
             return self._step()
 
     def _step(self) -> list[tuple[BatchQuery, list[int]]]:
@@ -115,7 +112,7 @@ class BatchSession:
         """Step until every query is done; Ctrl-C ends every query as ``interrupted`` (what each
         generated is kept, the Generator stays exact) and re-raises nothing."""
         modes = GradModes.now()
-        with self.generator.lock:
+        with self.lock:
             try:
                 while self.pending:
                     self._step()
@@ -126,7 +123,7 @@ class BatchSession:
 
     def cancel(self, handle: BatchQuery, reason: str = "cancelled") -> None:
         """End a query between rounds; its result keeps what it generated."""
-        with self.generator.lock:
+        with self.lock:
             if handle.done:
                 return
             if handle in self.waiting:
@@ -161,4 +158,4 @@ class BatchSession:
         assert lane is not None
         outcome = self.engine.leave(lane, reason)
         self.active.remove(handle)
-        handle.result = self.generator.result(handle.prompt_ids, outcome, handle.seed)
+        handle.result = self.intake.result(handle.prompt_ids, outcome, handle.seed)

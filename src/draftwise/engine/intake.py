@@ -1,0 +1,134 @@
+"""A query's way in and out: prompt → checked token ids and settings; the engine's outcome → a result.
+
+One :class:`Intake` per target and tokenizer, shared by the single-query engine and every batch session.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from draftwise.engine.loop import QueryOutcome
+from draftwise.engine.query import QuerySettings, StopCheck
+from draftwise.errors import DraftwiseError
+from draftwise.settings.request import check_generate_args, check_prompt_text
+from draftwise.trace import GenerationResult, summarize
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Intake:
+    """What turns prompts into queries for one target: its tokenizer (and chat template), context and EOS ids."""
+
+    tokenizer: Any | None
+    chat: bool | None  # None: the tokenizer's chat template when it has one
+    vocab_size: int | None
+    max_context: int | None
+    eos_ids: frozenset[int]
+    coupled: bool  # sampled tokens are coupled draws (draftwise.verify.coupling)
+    seed: int  # a query's seed when it names none
+
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of a prompt (text through the tokenizer, and its chat template when asked)."""
+        if isinstance(prompt, str):
+            return self._encode_text(prompt)
+        ids = [int(i) for i in prompt]
+        if not ids:
+            raise DraftwiseError("the prompt is empty")
+        if (self.vocab_size and max(ids) >= self.vocab_size) or min(ids) < 0:
+            raise DraftwiseError(f"prompt token ids must lie in [0, {self.vocab_size})")
+        return ids
+
+    def _encode_text(self, prompt: str) -> list[int]:
+        check_prompt_text(prompt)
+        if not prompt.strip():
+            raise DraftwiseError("the prompt is empty")
+        if self.tokenizer is None:
+            raise DraftwiseError("this target has no tokenizer: pass token ids instead of text")
+        use_chat = self.chat if self.chat is not None else bool(getattr(self.tokenizer, "chat_template", None))
+        if use_chat:
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            return [int(i) for i in ids]
+        return [int(i) for i in self.tokenizer(prompt, add_special_tokens=True)["input_ids"]]
+
+    def prepare(self, prompt: str | Sequence[int], max_new_tokens: int, temperature: float, top_k: int | None,
+                top_p: float | None, seed: int | None, stop: Sequence[str], ignore_eos: bool,
+                truncate: bool) -> tuple[list[int], QuerySettings, int]:
+        """Check a query's arguments and build its token ids, settings and seed (one clear error)."""
+        sampling = replace(check_generate_args(max_new_tokens, temperature, top_k, top_p, seed), coupled=self.coupled)
+        ids = self.fit_context(self.encode(prompt), max_new_tokens, truncate)
+        if stop and self.tokenizer is None:
+            raise DraftwiseError("stop strings need a tokenizer")
+        settings = QuerySettings(
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            eos_ids=frozenset() if ignore_eos else self.eos_ids,
+            stop_check=stop_checker(self.tokenizer, list(stop)) if stop else None,
+        )
+        return ids, settings, self.seed if seed is None else seed
+
+    def fit_context(self, ids: list[int], max_new_tokens: int, truncate: bool) -> list[int]:
+        """The prompt's ids, its last tokens only when it must be cut to leave room for the answer."""
+        limit = self.max_context
+        if limit is None or len(ids) + max_new_tokens <= limit:
+            return ids
+        room = limit - max_new_tokens
+        if not truncate or room < 1:
+            raise DraftwiseError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's context "
+                f"of {limit} tokens; shorten the prompt, lower max_new_tokens, or truncate the prompt "
+                "(--truncate / truncate=True keeps its last tokens)"
+            )
+        log.warning("prompt truncated from %d to its last %d tokens", len(ids), room)
+        return ids[-room:]
+
+    def result(self, ids: list[int], outcome: QueryOutcome, seed: int) -> GenerationResult:
+        """A finished query's tokens, text and statistics."""
+        new_ids = outcome.tokens[len(ids):]
+        text = self.tokenizer.decode(new_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+        stats = summarize(outcome.records, len(new_ids), outcome.wall_s, outcome.stopped_by,
+                          outcome.extra_target_calls)
+        return GenerationResult(new_ids, text, stats, outcome.records, prompt_ids=ids, seed=seed)
+
+
+def failed(message: str) -> GenerationResult:
+    """The result of a query that could not run."""
+    return GenerationResult([], "", summarize([], 0, 0.0, "error"), [], error=message)
+
+
+def stop_checker(tokenizer: Any, stops: Sequence[str]) -> StopCheck:
+    """A :data:`~draftwise.engine.query.StopCheck` for stop strings: after a round that added ``new`` tokens,
+    the length to keep (through the first token completing a stop string), else None.
+
+    A stop string that completes this round ends within the new tokens and starts at most
+    ``longest`` tokens before them (a token decodes to ≥ 1 character; 8 more cover multi-byte
+    characters split across tokens), so only that tail is decoded — a round may add many tokens.
+    """
+    longest = max(len(s) for s in stops)
+
+    def check(generated: list[int], new: int) -> int | None:
+        tail_start = max(0, len(generated) - new - longest - 8)
+        if not any(s in tokenizer.decode(generated[tail_start:]) for s in stops):
+            return None
+        for keep in range(max(tail_start + 1, len(generated) - new + 1), len(generated) + 1):
+            if any(s in tokenizer.decode(generated[tail_start:keep]) for s in stops):
+                return keep
+        return None
+
+    return check
+
+
+def eos_ids_of(model: Any, tokenizer: Any | None) -> frozenset[int]:
+    """End-of-sequence ids as transformers' ``generate`` sees them: generation config first."""
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            return frozenset({value})
+        if isinstance(value, (list, tuple)) and value:
+            return frozenset(int(v) for v in value)
+    return frozenset()
