@@ -34,6 +34,7 @@ is left out. The replayed suffix@8 and reference rule are checked against their 
     python benchmarks/choice_oracle.py --prompt-file ../shared/data/self_instruct/seed_tasks.jsonl \
         --per-domain 40 --out runs/choice-oracle-si.json
     python benchmarks/choice_oracle.py --replay runs/choice-oracle-si.json --out again.json
+    python benchmarks/choice_oracle.py --replay runs/choice-oracle-si.json --costs runs/quiet.json --out priced.json
 """
 
 from __future__ import annotations
@@ -382,6 +383,8 @@ def main() -> None:
     parser.add_argument("--heads", nargs="*", default=[], metavar="SPEC",
                         help="white-box heads to add to the LM drafters (e.g. zoo:smollm2-eagle), timed on their own")
     parser.add_argument("--replay", default=None, metavar="JSON", help="evaluate a saved collection (--out's)")
+    parser.add_argument("--costs", default=None, metavar="JSON",
+                        help="price the rounds with this collection's timings (e.g. a short run on a quiet CPU)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if args.replay:
@@ -389,6 +392,10 @@ def main() -> None:
             data = json.load(handle)["data"]
     else:
         data = collect(args)
+    if args.costs:  # the acceptances of one collection priced with another's (quieter) timings
+        with open(args.costs) as handle:
+            priced = json.load(handle)["data"]
+        data.update({key: priced[key] for key in ("verify", "lm_round", "rounds") if key in priced})
     result = evaluate(data, args.max_lm)
     best = max((k for k in result["x_suffix8"] if k.startswith("rule")), key=result["x_suffix8"].get)
     print(json.dumps({k: round(v, 3) for k, v in result["x_plain"].items()

@@ -289,16 +289,20 @@ def test_counterfactual_of_a_white_box_arm_matches_its_draft(heads_dir, llama) -
 def test_zoo_heads_are_named_but_not_in_zoo_all(tmp_path) -> None:
     from draftwise.zoo.load import expand_zoo_names, resolve_zoo_name, zoo_drafter_names, zoo_head_names
 
-    for name in ("target", "code", "eagle-code", "medusa"):
+    for name in ("target", "code", "eagle-code", "medusa", "smollm2-eagle"):
         (tmp_path / name).mkdir()
     manifest = {"models": [
         {"name": "target", "role": "target", "domains": ["code"], "params": 1},
         {"name": "code", "role": "drafter", "domains": ["code"], "params": 1},
         {"name": "eagle-code", "role": "head", "kind": "eagle", "domains": ["code"], "params": 1},
-        {"name": "medusa", "role": "head", "kind": "medusa", "domains": ["code"], "params": 1}]}
+        {"name": "medusa", "role": "head", "kind": "medusa", "domains": ["code"], "params": 1},
+        {"name": "smollm2-eagle", "role": "head", "kind": "eagle", "domains": ["code"], "params": 1,
+         "target": "smollm2", "target_vocab": 49152}]}
     (tmp_path / "zoo.json").write_text(json.dumps(manifest))
     assert zoo_drafter_names(tmp_path) == ["code"]
-    assert zoo_head_names(tmp_path) == ["eagle-code", "medusa"]
+    assert zoo_head_names(tmp_path) == ["eagle-code", "medusa"]  # the toy target's heads
+    assert zoo_head_names(tmp_path, target="smollm2") == ["smollm2-eagle"]
+    assert zoo_head_names(tmp_path, target=None) == ["eagle-code", "medusa", "smollm2-eagle"]
     assert expand_zoo_names(["zoo:all"], tmp_path) == ["zoo:code"]
     assert resolve_zoo_name("zoo:eagle-code", tmp_path) == str(tmp_path / "eagle-code")
 

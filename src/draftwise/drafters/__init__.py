@@ -47,14 +47,16 @@ def drafter_kinds() -> list[str]:
 
 def expand_specs(specs: Sequence[str], target: Any = None) -> list[str]:
     """Expand ``zoo:all`` into every zoo drafter for ``target`` (those that speak its vocabulary;
-    without one, the toy zoo's) and ``zoo:heads`` into every zoo white-box head."""
+    without one, the toy zoo's) and ``zoo:heads`` into every zoo white-box head for it."""
+    def family() -> str:  # asked only for zoo:all / zoo:heads: another target may have no zoo at all
+        return zoo_target_of(output_size(target)) if target is not None else TOY_TARGET
+
     out: list[str] = []
     for spec in specs:
         if spec == "zoo:all":
-            family = zoo_target_of(output_size(target)) if target is not None else TOY_TARGET
-            out.extend(f"zoo:{name}" for name in zoo_drafter_names(target=family))
+            out.extend(f"zoo:{name}" for name in zoo_drafter_names(target=family()))
         elif spec == ZOO_HEADS:
-            out.extend(f"zoo:{name}" for name in zoo_head_names())
+            out.extend(f"zoo:{name}" for name in zoo_head_names(target=family()))
         else:
             out.append(spec)
     return out
@@ -115,7 +117,7 @@ def _load_head_spec(kind: str, spec: str, target: Any) -> WhiteBoxDrafter:
 
 def _is_zoo_head(spec: str) -> bool:
     try:
-        return spec.split(":", 1)[1] in zoo_head_names()
+        return spec.split(":", 1)[1] in zoo_head_names(target=None)
     except DraftwiseError:  # no zoo installed: the LM path reports it
         return False
 

@@ -114,13 +114,14 @@ def zoo_target_of(vocab_size: int, models: Path | None = None) -> str:
                          f"it has drafters for {known}")
 
 
-def zoo_head_names(models: Path | None = None) -> list[str]:
-    """Bare names of the zoo's white-box heads (role ``head``: EAGLE / Medusa heads on the zoo target).
+def zoo_head_names(models: Path | None = None, target: str | None = TOY_TARGET) -> list[str]:
+    """Bare names of the zoo's white-box heads (role ``head``: EAGLE / Medusa heads) for ``target``
+    (the toy zoo target by default, a named real model such as ``smollm2``, or None: every head).
 
     Not part of ``zoo:all``: a head only works on the target it was trained for, and it reads that
     target's hidden states, so it is asked for explicitly (``zoo:eagle-code``, or ``zoo:heads``).
     """
-    return [e.name for e in zoo_entries(models) if e.role == "head"]
+    return [e.name for e in zoo_entries(models) if e.role == "head" and target in (None, e.target)]
 
 
 def expand_zoo_names(names: list[str], models: Path | None = None, target: str = TOY_TARGET) -> list[str]:
