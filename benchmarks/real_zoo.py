@@ -56,11 +56,12 @@ def main() -> None:
     from draftwise.drafters import build_drafters
     from draftwise.models.loading import LoadOptions
     from draftwise.training.corpus import DOMAINS, read_split
-    from draftwise.training.evaluate import drafter_stats
+    from draftwise.training.evaluate import drafter_stats, head_stats
     from draftwise.training.labels import chat_prompt_ids
-    from draftwise.zoo import zoo_drafter_names
+    from draftwise.zoo import zoo_drafter_names, zoo_head_names
 
     names = [f"zoo:{n}" for n in zoo_drafter_names(target=args.target)]
+    names += [f"zoo:{n}" for n in zoo_head_names(target=args.target)]
     plain = Generator.from_pretrained(args.target, [], policy="fixed:none")
     target, tokenizer = plain.target.model, plain.tokenizer
     pool = build_drafters(names, target, tokenizer, LoadOptions())
@@ -75,7 +76,8 @@ def main() -> None:
         conts = continuations(target, tokenizer, prompts, out_path.parent / f"continuations-{domain}.json")
         row = {}
         for drafter in pool:
-            stats = drafter_stats(drafter.model, prompts, conts, DRAFT_LENGTH)
+            stats = (head_stats(drafter, target, prompts, conts, DRAFT_LENGTH) if drafter.reads_target_hidden
+                     else drafter_stats(drafter.model, prompts, conts, DRAFT_LENGTH))
             row[drafter.name] = {"mat": round(stats.mat, 3), "acceptance": round(stats.acceptance, 3)}
         result["acceptance"][domain] = row
         logging.info("%s: %s", domain, {k: v["mat"] for k, v in row.items()})

@@ -22,6 +22,7 @@ from draftwise.training.distill import (
     training_stream,
 )
 from draftwise.training.distill_eagle import EagleRecipe, train_eagle
+from draftwise.training.evaluate import head_stats
 from draftwise.training.heads import soft_cross_entropy
 from draftwise.training.train import ModelShape, TrainConfig
 
@@ -130,6 +131,9 @@ def test_an_eagle_head_over_a_vocabulary_subset_trains_loads_and_stays_lossless(
     result = gen.generate(prompt, max_new_tokens=20)
     assert result.token_ids == plain.generate(prompt, max_new_tokens=20).token_ids
     assert sum(r.drafted for r in result.trace) > 0
+    # the offline evaluation replays the engine's greedy rounds exactly
+    stats = head_stats(drafter.fresh(), target, [prompt], [result.token_ids], 3)
+    assert (stats.rounds, stats.accepted) == (len(result.trace), sum(r.accepted for r in result.trace))
     logits = drafter.next_logits(prompt + result.token_ids, 1)  # it proposes only the subset's tokens
     assert torch.isinf(logits).sum() == 56 - 20 and torch.isfinite(logits[0, vocab.to_target]).all()
 

@@ -28,9 +28,11 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from draftwise.models.cached_lm import common_prefix_len
 from draftwise.models.vocab_map import vocab_map_of
 from draftwise.training.corpus import DOMAINS, SPECIALIST_DOMAINS, Example, read_split
 from draftwise.training.tokenizer import encode_prompts
+from draftwise.verify.draft import DraftContext
 from draftwise.zoo.load import TARGET_NAME, zoo_entries
 
 log = logging.getLogger(__name__)
@@ -122,6 +124,29 @@ def drafter_stats(
     for prompt, continuation in zip(prompts, continuations):
         if continuation:
             stats = stats + greedy_rounds(teacher_forced_matches(drafter, prompt, continuation), k)
+    return stats
+
+
+@torch.inference_mode()
+def head_stats(head: Any, target: PreTrainedModel, prompts: Sequence[list[int]], continuations: Sequence[list[int]],
+               k: int) -> RoundStats:
+    """The same greedy rounds for a white-box head, which drafts from the target's hidden states:
+    those along prompt + continuation come from one target forward and are handed over as the
+    engine hands them; at each round's start the head drafts its own chain of ``k`` tokens."""
+    stats = RoundStats(0, 0, 0, 0)
+    for prompt, continuation in zip(prompts, continuations):
+        sequence = list(prompt) + list(continuation)
+        hidden = target(input_ids=torch.tensor([sequence]), output_hidden_states=True).hidden_states[-1][0].float()
+        head.begin_query(prompt)
+        t, sent = 0, 0
+        while t < len(continuation):
+            context = sequence[: len(prompt) + t]
+            head.observe_target(context, hidden[sent : len(context) - 1], sent)
+            sent = len(context) - 1
+            draft = head.propose(context, min(k, len(continuation) - t - 1), DraftContext()).tokens
+            accepted = common_prefix_len(draft, continuation[t:])
+            stats = stats + RoundStats(accepted + 1, 1, accepted, len(draft))
+            t += accepted + 1
     return stats
 
 
