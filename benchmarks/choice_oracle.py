@@ -53,6 +53,7 @@ from length_oracle import cost_of  # a round's measured cost at k tokens, or the
 from policy_ab import register_rule_policy
 
 from draftwise.models.cached_lm import common_prefix_len
+from draftwise.verify.draft import DraftContext
 
 PER_DOMAIN = 8
 LOOKUPS = ("suffix", "pld")
@@ -229,8 +230,6 @@ def head_positions(head: Any, model: Any, ids: list[int], answer: list[int], len
     """A white-box head's greedy matches from each answer position (up to ``length``): the target's
     hidden states along prompt + answer, handed over as the engine hands them, then the head's own
     chain of ``length`` tokens at every position."""
-    from draftwise.draft import DraftContext
-
     sequence = ids + answer
     with torch.inference_mode():
         hidden = model(input_ids=torch.tensor([sequence]), output_hidden_states=True).hidden_states[-1][0].float()
@@ -251,7 +250,6 @@ def collect(args: Any) -> dict[str, Any]:
     from draftwise.drafters import ModelDrafter, build_drafters
     from draftwise.drafters.pool import attach_banks
     from draftwise.drafters.suffix import forget_stored_answers
-    from draftwise.verify.draft import DraftContext
 
     register_rule_policy()
     prompts = dev_prompts(args)
@@ -278,27 +276,14 @@ def collect(args: Any) -> dict[str, Any]:
             outs.append(result.token_ids)
         return traces, outs, time.perf_counter() - start
 
-    suffix_traces, answers, suffix_wall = fixed_run(["suffix"], "fixed", "suffix@8")
-    # LM rounds cost what they cost beside the lookup (their catch-up after its stretches included):
-    # timed in the reference rule's runs (policy_ab.py: the suffix drafter's draft where it proposes,
-    # else the LM's)
-    lm_arm = f"{args.causal_lm}@4"
-    lm_traces, lm_answers, lm_wall = fixed_run([f"zoo:{args.causal_lm}", "suffix"], "rule:on=suffix",
-                                               f"suffix@8,{lm_arm}")
     heads = {d.name: (spec, d) for spec in args.heads for d in build_drafters([spec], model, tokenizer, options)}
-    rounds = {}
-    for name, (spec, _) in heads.items():  # a head's rounds, timed on their own: its drafting and the target's
-        head_traces, head_answers, _ = fixed_run([spec], "fixed", f"{name}@4")
-        assert head_answers == answers, "greedy outputs differ"
-        rounds[name] = lm_round_costs(head_traces, f"{name}@4", round_costs(suffix_traces))
     plain.generate(ids[0], max_new_tokens=8)
     start = time.perf_counter()
-    plain_answers = [plain.generate(p, max_new_tokens=args.max_new_tokens).token_ids for p in ids]
-    plain_wall = time.perf_counter() - start
-    assert plain_answers == answers == lm_answers, "greedy outputs differ"
-    verify = round_costs(suffix_traces)
-    lm_round = lm_round_costs(lm_traces, lm_arm, verify)
-    measured_rounds = sum(r.verify_s + r.policy_s + r.draft_s for t in suffix_traces for r in t[1:])
+    answers = [plain.generate(p, max_new_tokens=args.max_new_tokens).token_ids for p in ids]
+    timed: dict[str, Any] = {"walls": {"plain": time.perf_counter() - start}}
+    if not args.costs:  # priced elsewhere: only the acceptances are collected here
+        rounds = time_rounds(args, fixed_run, heads, answers)
+        timed.update({**rounds, "walls": {**timed["walls"], **rounds["walls"]}})
 
     forget_stored_answers(lookups.values())  # the store fills prompt by prompt, as the fixed run's did
     records = []
@@ -321,11 +306,30 @@ def collect(args: Any) -> dict[str, Any]:
         for d in lookups.values():
             d.end_query(prompt_ids + answer, len(prompt_ids))
         records.append({"id": prompt.id, "domain": prompt.domain, "positions": positions})
-    rule_rounds = sum(r.verify_s + r.policy_s + r.draft_s for t in lm_traces for r in t[1:])
-    return {"verify": verify, "lm_round": lm_round, "rounds": rounds, "measured_rounds_suffix8": measured_rounds,
-            "measured_rounds_rule": rule_rounds,
-            "walls": {"plain": plain_wall, "suffix@8": suffix_wall, f"rule suffix@8,{lm_arm}": lm_wall},
-            "causal_lm": args.causal_lm, "lms": [*lms, *heads], "prompts": records}
+    return {**timed, "causal_lm": args.causal_lm, "lms": [*lms, *heads], "prompts": records}
+
+
+def time_rounds(args: Any, fixed_run: Any, heads: dict[str, Any], answers: list[list[int]]) -> dict[str, Any]:
+    """The rounds' costs from runs on the same prompts: suffix@8 (verification by tokens drafted),
+    the reference rule (the causal LM's rounds beside the lookup) and each head on its own."""
+    suffix_traces, suffix_answers, suffix_wall = fixed_run(["suffix"], "fixed", "suffix@8")
+    # LM rounds cost what they cost beside the lookup (their catch-up after its stretches included):
+    # timed in the reference rule's runs (policy_ab.py: the suffix drafter's draft where it proposes,
+    # else the LM's)
+    lm_arm = f"{args.causal_lm}@4"
+    lm_traces, lm_answers, lm_wall = fixed_run([f"zoo:{args.causal_lm}", "suffix"], "rule:on=suffix",
+                                               f"suffix@8,{lm_arm}")
+    assert suffix_answers == answers == lm_answers, "greedy outputs differ"
+    verify = round_costs(suffix_traces)
+    rounds = {}
+    for name, (spec, _) in heads.items():  # a head's rounds, timed on their own: its drafting and the target's
+        head_traces, head_answers, _ = fixed_run([spec], "fixed", f"{name}@4")
+        assert head_answers == answers, "greedy outputs differ"
+        rounds[name] = lm_round_costs(head_traces, f"{name}@4", verify)
+    spent = lambda traces: sum(r.verify_s + r.policy_s + r.draft_s for t in traces for r in t[1:])
+    return {"verify": verify, "lm_round": lm_round_costs(lm_traces, lm_arm, verify), "rounds": rounds,
+            "measured_rounds_suffix8": spent(suffix_traces), "measured_rounds_rule": spent(lm_traces),
+            "walls": {"suffix@8": suffix_wall, f"rule suffix@8,{lm_arm}": lm_wall}}
 
 
 RULES = [Rule(m, h, k) for m in (1, 2, 3, 4) for h in (0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9) for k in (1, 2, 3, 4)]
@@ -364,13 +368,14 @@ def evaluate(data: dict[str, Any], max_lm: int) -> dict[str, Any]:
     totals[f"best single ({best_single.removeprefix('single ')})"] = singles[best_single]
     base = totals["suffix@8"]
     overall = best_single.removeprefix("single ")
-    domains = {domain: {"best": min(t, key=t.__getitem__), "x_best_single": t[overall] / min(t.values())}
+    domains = {domain: {"best": min(t, key=t.__getitem__), "x_best_single": round(t[overall] / min(t.values()), 3)}
                for domain, t in by_domain.items()}
     return {"tokens": totals["tokens"], "domains": domains,
             "x_plain": {k: totals["plain"] / v for k, v in totals.items() if k not in ("tokens", "plain")},
             "x_suffix8": {k: base / v for k, v in totals.items() if k not in ("tokens", "plain")},
-            "check_suffix8_model_vs_measured": base / data["measured_rounds_suffix8"],
-            "check_rule_model_vs_measured": totals["rule 1/0.0/4"] / data["measured_rounds_rule"]}
+            "checks": {"suffix@8 model vs measured": base / data["measured_rounds_suffix8"],
+                       "rule 1/0.0/4 model vs measured": totals["rule 1/0.0/4"] / data["measured_rounds_rule"]}
+            if "measured_rounds_rule" in data else {}}  # only where the rounds were timed on these prompts
 
 
 def main() -> None:
@@ -396,15 +401,23 @@ def main() -> None:
         with open(args.costs) as handle:
             priced = json.load(handle)["data"]
         data.update({key: priced[key] for key in ("verify", "lm_round", "rounds") if key in priced})
+        for key in ("measured_rounds_suffix8", "measured_rounds_rule"):
+            data.pop(key, None)
     result = evaluate(data, args.max_lm)
-    best = max((k for k in result["x_suffix8"] if k.startswith("rule")), key=result["x_suffix8"].get)
+    best = max((k for k in result["x_plain"] if k.startswith("rule")), key=result["x_plain"].get)
     print(json.dumps({k: round(v, 3) for k, v in result["x_plain"].items()
                       if not k.startswith(("rule", "single"))}, indent=1))
+    per_drafter: dict[str, tuple[str, float]] = {}
+    for key, value in result["x_plain"].items():
+        if key.startswith("single "):
+            name = key.removeprefix("single ").rsplit("@", 1)[0]
+            per_drafter[name] = max(per_drafter.get(name, (key, 0.0)), (key, value), key=lambda kv: kv[1])
+    print("each drafter at its best length:", {k: (v[0].removeprefix("single "), round(v[1], 3))
+                                              for k, v in per_drafter.items()})
     print("per domain (its best single configuration, and its speed over the overall best single's):",
           json.dumps(result["domains"]))
-    print("best rule", best, round(result["x_suffix8"][best], 3), "checks (model ÷ measured): suffix@8",
-          round(result["check_suffix8_model_vs_measured"], 3),
-          "rule 1/0.0/4", round(result["check_rule_model_vs_measured"], 3))
+    print("best rule", best, round(result["x_plain"][best], 3), "checks (model ÷ measured):",
+          {k: round(v, 3) for k, v in result["checks"].items()})
     with open(args.out, "w") as handle:
         json.dump({"result": result, "data": data, "args": vars(args)}, handle)
 
