@@ -13,8 +13,9 @@ t, this records what each arm would have accepted had a round started there:
 - the causal LM (``--causal-lm``, the generalist): its 8-token greedy draft's confidence per token.
 
 Reported beside the bounds: every single configuration (a lookup at 1–8 tokens, a model drafter at
-1–``--max-lm``) replayed alone, the best of them, and the per-domain oracle (each domain's best
-single configuration in hindsight).
+1–``--max-lm``) replayed alone, the best of them, the per-domain oracle (each domain's best single
+configuration in hindsight) and the per-prompt one (each prompt's: a clairvoyant per-sequence
+assignment).
 
 Greedy rounds follow the answer whatever they draft, so any policy's rounds can be replayed exactly:
 
@@ -355,7 +356,9 @@ def evaluate(data: dict[str, Any], max_lm: int) -> dict[str, Any]:
         totals["oracle: lookups + the best LM per prompt"] += min(
             best_time(positions, verify, lm_round, [name], max_lm) for name in data["lms"])
         totals["oracle: lookups + any LM, per round"] += best_time(positions, verify, lm_round, data["lms"], max_lm)
-        for config, seconds in single_times(positions, verify, lm_round, data["lms"], max_lm).items():
+        singles_here = single_times(positions, verify, lm_round, data["lms"], max_lm)
+        totals["oracle: the best single configuration per prompt"] += min(singles_here.values())
+        for config, seconds in singles_here.items():
             totals[f"single {config}"] += seconds
             by_domain[record["domain"]][config] += seconds
         for rule in RULES:
