@@ -8,7 +8,7 @@ import torch
 
 from draftwise import Generator
 from draftwise.models.defaults import DEFAULT_TARGET, default_drafters
-from draftwise.zoo import zoo_drafter_names
+from draftwise.zoo import zoo_drafter_names, zoo_head_names
 
 PROMPT = "Write a Python function that returns the square of a number."
 NEW = 24
@@ -32,9 +32,14 @@ def test_the_default_target_answers_like_its_own_greedy_decoding(real_target: Ge
 
 
 REAL_DRAFTERS = [f"zoo:{name}" for name in zoo_drafter_names(target=DEFAULT_TARGET)]
+REAL_HEADS = [f"zoo:{name}" for name in zoo_head_names(target=DEFAULT_TARGET)]
 
 
-@pytest.mark.parametrize("drafter", ["pld", "suffix", *REAL_DRAFTERS[:2]])
+def test_the_real_target_has_distilled_drafters_and_a_white_box_head() -> None:
+    assert len(REAL_DRAFTERS) >= 7 and REAL_HEADS
+
+
+@pytest.mark.parametrize("drafter", ["pld", "suffix", *REAL_DRAFTERS[:2], *REAL_HEADS[:1]])
 def test_each_drafter_kind_keeps_the_target_s_tokens(real_target: Generator, drafter: str) -> None:
     from draftwise.drafters import build_drafters
     from draftwise.models.loading import LoadOptions
