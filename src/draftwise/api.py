@@ -25,7 +25,7 @@ from draftwise.models.cached_lm import CachedLM
 from draftwise.models.defaults import DEFAULT_TARGET, default_drafters
 from draftwise.models.loading import LoadOptions, context_limit, load_causal_lm
 from draftwise.policies import POLICIES, PRESETS
-from draftwise.settings.request import check_seed
+from draftwise.request import check_seed
 from draftwise.trace import GenerationResult
 
 log = logging.getLogger(__name__)

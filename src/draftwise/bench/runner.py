@@ -28,17 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from draftwise.bench.datasets import (
-    CORPUS_ENV,
-    DATA_ENV,
     Prompt,
     PromptRequest,
-    find_zoo_corpus,
-    has_split,
     load_prompt_sources,
-    locate_zoo_corpus,
-    regenerate_zoo_corpus,
-    resolve_data_dir,
-    zoo_training_texts,
 )
 from draftwise.bench.methods import (
     INTERRUPTED,
@@ -49,6 +41,7 @@ from draftwise.bench.methods import (
     expand_methods,
     is_derived,
 )
+from draftwise.bench.router_training import bench_router
 from draftwise.errors import DraftwiseError
 from draftwise.models.defaults import DEFAULT_TARGET, ZOO_POOL
 
@@ -62,7 +55,6 @@ DEFAULT_METHODS = ("ar", "default", "fixed:*", "random", "policies:*", "router",
 RUN_DEFINING = ("target", "drafters", "max_new_tokens", "temperature", "top_k", "top_p", "sampling", "draft_len",
                 "seed", "turns", "dtype", "device", "warmup_tokens")
 LEGACY_SETTINGS = {"sampling": "rejection", "device": "cpu"}  # what runs recorded before a setting existed
-ROUTER_PER_LABEL = 400  # zoo training prompts per domain for the router
 
 
 @dataclass(frozen=True)
@@ -279,134 +271,6 @@ def encode_prompts(bench: Workbench, prompts: Sequence[Prompt], max_new_tokens: 
             ids = ids[-room:]  # the same truncated ids go to every method, peers included
         out.append(ids)
     return out
-
-
-def bench_router(config: BenchConfig) -> tuple[Any, dict[str, Any]]:
-    """The static router of method ``router``, from the first source that exists:
-
-    1. ``--router-train FILE`` (prompt + drafter or domain per line), trained now;
-    2. the train split of an explicit zoo corpus (``--zoo-corpus`` / $DRAFTWISE_ZOO_CORPUS), trained now;
-    3. the router shipped with the zoo (``zoo/models/router.npz``, built by ``draftwise zoo router``);
-    4. the zoo corpus's train split regenerated from the shared datasets, trained now.
-    """
-    from draftwise.bench.router import train_router
-
-    if config.router_train:
-        texts, labels = labelled_prompts(config.router_train)
-        router = train_router(texts, labels, seed=config.seed)
-        return router, router_record(router, texts, labels, config.router_train, config.seed)
-    explicit = config.zoo_corpus or os.environ.get(CORPUS_ENV)
-    folder = locate_zoo_corpus(explicit, "train") if explicit else None
-    if folder is None and (shipped := load_shipped_router()) is not None:
-        return shipped
-    folder = folder or locate_zoo_corpus(None, "train")
-    if folder is None:
-        raise DraftwiseError(
-            "method router: no training prompts for the router (the zoo corpus's train split, train/DOMAIN.jsonl) "
-            f"and no trained router shipped with the zoo ({shipped_router_path()}); pass --router-train FILE "
-            "(JSONL: prompt + drafter or domain per line), point --zoo-corpus at a zoo build or corpus folder with "
-            f"a train split, or set ${DATA_ENV} to the shared datasets folder to rebuild it")
-    return train_zoo_router(folder, config.seed)
-
-
-def train_zoo_router(folder: Path, seed: int) -> tuple[Any, dict[str, Any]]:
-    """The router on up to ``ROUTER_PER_LABEL`` prompts per domain of a zoo corpus's train split."""
-    from draftwise.bench.router import train_router
-
-    texts, labels = zoo_training_texts(folder, ROUTER_PER_LABEL, seed)
-    router = train_router(texts, labels, seed=seed)
-    return router, router_record(router, texts, labels, str(folder / "train"), seed)
-
-
-def router_record(router: Any, texts: Sequence[str], labels: Sequence[str], source: str, seed: int) -> dict[str, Any]:
-    """How a router was trained (env.json, and the shipped router's file)."""
-    from draftwise.bench.router import HYPERPARAMETERS
-
-    info = {"source": source, "examples": len(texts), "labels": router.labels, "seed": seed,
-            "train_accuracy": router.accuracy(texts, labels), "features": len(router.vocabulary),
-            "per_label": ROUTER_PER_LABEL, "hyperparameters": HYPERPARAMETERS}
-    log.info("router trained on %d prompts (%s): train accuracy %.3f", len(texts), source, info["train_accuracy"])
-    return info
-
-
-def shipped_router_path() -> Path:
-    from draftwise.bench.router import ROUTER_FILE
-    from draftwise.zoo.load import shipped_models_dir
-
-    return shipped_models_dir() / ROUTER_FILE
-
-
-def load_shipped_router() -> tuple[Any, dict[str, Any]] | None:
-    """The router shipped with the zoo and its build record, or None when the zoo has none."""
-    from draftwise.bench.router import load_router
-
-    path = shipped_router_path()
-    if not path.is_file():
-        return None
-    router, info = load_router(path)
-    log.info("router: the zoo's shipped %s (%s)", path.name, info.get("built_with", "?"))
-    return router, {**info, "file": str(path)}
-
-
-def build_router_file(data: str | None, zoo_corpus: str | None, seed: int,
-                      out: Path | None = None) -> tuple[Path, dict]:
-    """``draftwise zoo router``: train the zoo's router, deterministically, and write it into the zoo.
-
-    The training prompts are the zoo corpus's train split: an explicit ``zoo_corpus``, else the
-    split regenerated from the shared datasets with the zoo build's budget and seed (the same split
-    every time). Same data + same seed = the same file.
-    """
-    from draftwise.bench.router import save_router
-
-    if zoo_corpus:
-        folder = find_zoo_corpus(zoo_corpus, "train")
-        origin = f"the train split of {folder}"
-    else:
-        rebuilt = regenerate_zoo_corpus(resolve_data_dir(data))
-        if rebuilt is None or not has_split(rebuilt, "train"):
-            raise DraftwiseError("zoo router: cannot rebuild the zoo corpus: the zoo's manifest (zoo.json) names no "
-                                 "build budget; pass --zoo-corpus DIR (a zoo build or corpus folder)")
-        folder = rebuilt
-        origin = ("the zoo corpus's train split, rebuilt from the shared datasets (see data_checksums) with the zoo "
-                  "build's budget and corpus seed (see corpus)")
-    router, info = train_zoo_router(folder, seed)
-    info.update(source=origin, corpus=folder.name, data_checksums=_data_checksums(data, zoo_corpus),
-                built_with=f"draftwise zoo router --seed {seed}")
-    path = out or shipped_router_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_router(router, path, info)
-    return path, info
-
-
-def _data_checksums(data: str | None, zoo_corpus: str | None) -> str | None:
-    """sha256 of the datasets' SHA256SUMS file: names the exact data a router was trained from."""
-    import hashlib
-
-    if zoo_corpus:
-        return None
-    sums = resolve_data_dir(data) / "SHA256SUMS"
-    return hashlib.sha256(sums.read_bytes()).hexdigest() if sums.is_file() else None
-
-
-def labelled_prompts(path: str) -> tuple[list[str], list[str]]:
-    """Router training file: JSONL with ``prompt`` and ``drafter`` (or ``domain``) on each line."""
-    p = Path(path)
-    if not p.is_file():
-        raise DraftwiseError(f"router training file {p} not found (JSONL: prompt + drafter or domain per line)")
-    texts, labels = [], []
-    for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            texts.append(str(obj["prompt"]))
-            labels.append(str(obj.get("drafter") or obj["domain"]))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise DraftwiseError(f"{p}, line {number}: expected a JSON object with 'prompt' and 'drafter' or "
-                                 "'domain'") from None
-    if not texts:
-        raise DraftwiseError(f"router training file {p} is empty")
-    return texts, labels
 
 
 # ----------------------------------------------------------------------------- shards
@@ -654,7 +518,7 @@ def make_out_folder(out: Path) -> None:
 def validate(config: BenchConfig) -> None:
     """Every option that needs no file or model, checked first (NaN fails every comparison, so
     each check states what is valid)."""
-    from draftwise.settings.request import SEED_LIMIT
+    from draftwise.request import SEED_LIMIT
 
     out = Path(config.out)
     checks = [

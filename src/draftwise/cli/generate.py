@@ -110,7 +110,7 @@ def load_generator(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftwise.settings.request import check_generate_args, check_seed
+    from draftwise.request import check_generate_args, check_seed
 
     # Everything the user typed is checked before the models load (seconds) and before generating.
     prompt = read_prompt(args.prompt)

@@ -94,7 +94,7 @@ def _is_loopback(host: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     from draftwise.api import DEFAULT_POLICY
     from draftwise.models.loading import freeze_loaded_objects
-    from draftwise.settings.request import check_seed
+    from draftwise.request import check_seed
 
     # Everything the user typed is checked before the models load.
     if args.seed is not None:

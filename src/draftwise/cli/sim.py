@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
 def check_numbers(args: argparse.Namespace) -> None:
     """Each numeric option states what is valid (written as "ok" tests: NaN fails every comparison)."""
-    from draftwise.settings.request import SEED_LIMIT
+    from draftwise.request import SEED_LIMIT
 
     checks = [
         (args.seeds >= 1, f"--seeds must be ≥ 1, got {args.seeds}"),

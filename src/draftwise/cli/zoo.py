@@ -134,8 +134,8 @@ def distill_action(args: argparse.Namespace) -> int:
 
 @action("router")
 def router_action(args: argparse.Namespace) -> int:
-    from draftwise.bench.runner import build_router_file
-    from draftwise.settings.request import check_seed
+    from draftwise.bench.router_training import build_router_file
+    from draftwise.request import check_seed
 
     seed = check_seed(args.seed, "--seed")
     path, info = build_router_file(args.data, args.zoo_corpus, seed, Path(args.out) if args.out else None)

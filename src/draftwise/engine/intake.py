@@ -13,7 +13,7 @@ from typing import Any
 from draftwise.engine.loop import QueryOutcome
 from draftwise.engine.query import QuerySettings, StopCheck
 from draftwise.errors import DraftwiseError
-from draftwise.settings.request import check_generate_args, check_prompt_text
+from draftwise.request import check_generate_args, check_prompt_text
 from draftwise.trace import GenerationResult, summarize
 
 log = logging.getLogger(__name__)

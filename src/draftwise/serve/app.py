@@ -36,6 +36,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from draftwise.errors import DraftwiseError
+from draftwise.request import check_generate_args, check_prompt_text
 from draftwise.serve.metrics import ServeMetrics
 from draftwise.serve.protocol import (
     DEFAULT_COMPLETION_TOKENS,
@@ -58,7 +59,6 @@ from draftwise.serve.protocol import (
 )
 from draftwise.serve.scheduler import Cancelled, Done, Failed, Job, Overloaded, Scheduler, Ticket, Tokens
 from draftwise.serve.security import Access, Guard
-from draftwise.settings.request import check_generate_args, check_prompt_text
 
 log = logging.getLogger(__name__)
 
