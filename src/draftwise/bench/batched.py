@@ -30,16 +30,17 @@ import logging
 import resource
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from draftwise.bench.methods import DecodeSettings, Workbench, eos_ids, fixed_spec
+from draftwise.bench.methods import Workbench, eos_ids, fixed_spec
 from draftwise.drafters.suffix import forget_stored_answers
 from draftwise.errors import DraftwiseError
+from draftwise.request import Request
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class BatchRun:
 class BatchDecode:
     """How one pass decodes: the bench's settings, and for sampled passes one seed a query."""
 
-    settings: DecodeSettings
+    settings: Request
     seeds: Sequence[int] = ()
 
     @property
@@ -70,11 +71,11 @@ class BatchDecode:
     def temperature(self) -> float:
         return self.settings.temperature
 
-    def query(self, index: int) -> dict[str, Any]:
-        """Keyword arguments of :meth:`BatchSession.add` for the query at ``index``."""
+    def query(self, index: int) -> Request:
+        """The request of the query at ``index`` (greedy: the length alone)."""
         if self.temperature == 0:
-            return {"max_new_tokens": self.max_new_tokens}
-        return {**asdict(self.settings), "seed": self.seeds[index]}
+            return Request(self.max_new_tokens)
+        return replace(self.settings, seed=self.seeds[index])
 
 
 Runner = Callable[[Sequence[list[int]], int, BatchDecode], BatchRun]  # (prompts, batch size, decoding)
@@ -110,7 +111,7 @@ def engine_runner(generator: Any, decide: str = "query", adapt: bool = True) -> 
         if not adapt:
             session.engine.cut_width = False
             session.engine.cap_acceptance = 0.0
-        handles = [session.add(p, **decode.query(i)) for i, p in enumerate(prompts)]
+        handles = [session.add(p, decode.query(i)) for i, p in enumerate(prompts)]
         session.run()
         wall = time.perf_counter() - start
         results = [h.result for h in handles]
@@ -243,7 +244,7 @@ def run_batched(config: Any, sizes: Sequence[int], length_drafter: str = "pld") 
             # speed drifts over minutes (shared CPUs) shifts every method alike, not one
             for repeat in range(config.repeats):
                 seeds = [row_seed(config.seed, p.id, repeat) for p in prompts] if sampled else []
-                decode = BatchDecode(config.settings(), seeds)
+                decode = BatchDecode(config.request(), seeds)
                 for method in methods:
                     key = f"B={size}|{method}|{repeat}"
                     if key in done:

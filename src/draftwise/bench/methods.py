@@ -25,12 +25,13 @@ import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from draftwise.errors import DraftwiseError
 from draftwise.options import split_spec, typed_options
 from draftwise.registry import Registry
+from draftwise.request import Request
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +39,6 @@ BASELINE = "ar"
 INTERRUPTED = "interrupted"  # stats.stopped_by of a generation Ctrl-C cut short
 BASELINE_POLICIES = ("fixed", "random", "round-robin")  # not learners: left out of ``policies:*``
 GROUPS = ("fixed:*", "hf-assisted:*", "policies:*", "presets:*")
-
-
-@dataclass(frozen=True)
-class DecodeSettings:
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
 
 
 @dataclass
@@ -61,7 +54,7 @@ class Output:
 class Method(Protocol):
     name: str
 
-    def run(self, ids: list[int], text: str, seed: int, settings: DecodeSettings) -> Output: ...
+    def run(self, ids: list[int], text: str, seed: int, settings: Request) -> Output: ...
 
 
 @dataclass
@@ -160,10 +153,9 @@ class EngineMethod:
     name: str
     generator: Any
 
-    def run(self, ids: list[int], text: str, seed: int, settings: DecodeSettings) -> Output:
+    def run(self, ids: list[int], text: str, seed: int, settings: Request) -> Output:
         start = time.perf_counter()
-        result = self.generator.generate(ids, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-                                         top_k=settings.top_k, top_p=settings.top_p, seed=seed)
+        result = self.generator.generate(ids, replace(settings, seed=seed))
         wall = time.perf_counter() - start
         if result.stats.stopped_by == INTERRUPTED:
             # The engine keeps a Ctrl-C's partial output for `generate`; for the bench it is a cut-short
@@ -228,7 +220,7 @@ class RouterMethod:
     table: dict[str, str]
     generators: dict[str, Any]
 
-    def run(self, ids: list[int], text: str, seed: int, settings: DecodeSettings) -> Output:
+    def run(self, ids: list[int], text: str, seed: int, settings: Request) -> Output:
         start = time.perf_counter()
         drafter = self.table[self.router.predict([text])[0]]  # routing time counts: the router runs per query
         out = EngineMethod(self.name, self.generators[drafter]).run(ids, text, seed, settings)
@@ -281,7 +273,7 @@ class HFMethod:
     model: Any
     kwargs: dict[str, Any]
 
-    def run(self, ids: list[int], text: str, seed: int, settings: DecodeSettings) -> Output:
+    def run(self, ids: list[int], text: str, seed: int, settings: Request) -> Output:
         import torch
 
         x = torch.tensor([ids], device=self.model.device)

@@ -34,7 +34,6 @@ from draftwise.bench.datasets import (
 )
 from draftwise.bench.methods import (
     INTERRUPTED,
-    DecodeSettings,
     Workbench,
     build_method,
     check_method,
@@ -44,6 +43,7 @@ from draftwise.bench.methods import (
 from draftwise.bench.router_training import bench_router
 from draftwise.errors import DraftwiseError
 from draftwise.models.defaults import DEFAULT_TARGET, ZOO_POOL
+from draftwise.request import Request
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,9 @@ class BenchConfig:
     device: str = "cpu"  # torch device of every model (cuda, cuda:1, mps, ...)
     progress: bool = True
 
-    def settings(self) -> DecodeSettings:
-        return DecodeSettings(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
+    def request(self) -> Request:
+        """What every generation of the run asks for (its seed is set per prompt and repeat)."""
+        return Request(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
 
 
 @dataclass(frozen=True)
@@ -280,7 +281,7 @@ def run_shard(shard: Shard, bench: Workbench | None = None) -> Iterator[dict]:
     """Rows of one shard's jobs: methods built once and warmed up untimed before their first timed run."""
     config = shard.config
     bench = bench or load_workbench(config, shard.router)
-    settings = config.settings()
+    settings = config.request()
     warmup = replace(settings, max_new_tokens=max(1, min(config.warmup_tokens, config.max_new_tokens)))
     methods: dict[str, Any] = {}
     repeat = shard.jobs[0].repeat if shard.jobs else 0
