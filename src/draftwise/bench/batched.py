@@ -25,6 +25,7 @@ Whether sampling keeps the target's distribution is a test's matter (tests/test_
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import resource
@@ -37,7 +38,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from draftwise.api import DEFAULT_POLICY, Generator
 from draftwise.bench.methods import Workbench, eos_ids, fixed_spec
+from draftwise.bench.report import environment
+from draftwise.bench.runner import (
+    SEED_RULE,
+    encode_prompts,
+    load_workbench,
+    make_out_folder,
+    read_rows,
+    resolve_prompts,
+    row_seed,
+)
 from draftwise.drafters.suffix import forget_stored_answers
 from draftwise.errors import DraftwiseError
 from draftwise.request import Request
@@ -173,8 +185,6 @@ def hf_runner(model: Any, pad_id: int) -> Runner:
 
 
 def build_runner(bench: Workbench, spec: str, length_drafter: str) -> Runner:
-    from draftwise.api import DEFAULT_POLICY, Generator
-
     def make(policy: str, names: Sequence[str] | None = None, **kw: Any) -> Any:
         kw.setdefault("draft_len", bench.draft_len)
         return Generator(bench.model, bench.tokenizer, bench.fresh_pool(names), policy=policy, seed=bench.seed,
@@ -203,17 +213,6 @@ def build_runner(bench: Workbench, spec: str, length_drafter: str) -> Runner:
 
 def run_batched(config: Any, sizes: Sequence[int], length_drafter: str = "pld") -> dict[str, Any]:
     """Run (or resume) every B × method × repeat into ``config.out``; returns the summary."""
-    from draftwise.bench.report import environment
-    from draftwise.bench.runner import (
-        SEED_RULE,
-        encode_prompts,
-        load_workbench,
-        make_out_folder,
-        read_rows,
-        resolve_prompts,
-        row_seed,
-    )
-
     out = Path(config.out)
     prompts = resolve_prompts(config)
     bench = load_workbench(config)
@@ -275,8 +274,6 @@ def run_batched(config: Any, sizes: Sequence[int], length_drafter: str = "pld") 
 
 
 def hash_ids(ids: Sequence[int]) -> str:
-    import hashlib
-
     return hashlib.sha1(json.dumps(list(ids)).encode()).hexdigest()[:12]
 
 
@@ -378,7 +375,7 @@ def write_summary(out: Path, summary: dict[str, Any]) -> None:
 
 
 def plot_throughput(path: Path, summary: dict[str, Any]) -> None:
-    import matplotlib
+    import matplotlib  # optional (the plot extra): its callers check that it imports
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

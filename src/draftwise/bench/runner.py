@@ -15,6 +15,7 @@ Rows are raw records; every summary is derived from them (:mod:`draftwise.bench.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -27,6 +28,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+from tqdm.auto import tqdm
+from transformers.utils import logging as hf_logging
+
+from draftwise.api import Generator
+from draftwise.bench.config import LEGACY_SETTINGS, RUN_DEFINING, BenchConfig
 from draftwise.bench.datasets import (
     Prompt,
     PromptRequest,
@@ -40,55 +47,19 @@ from draftwise.bench.methods import (
     expand_methods,
     is_derived,
 )
+from draftwise.bench.report import environment
 from draftwise.bench.router_training import bench_router
+from draftwise.drafters import build_drafters
+from draftwise.drafters.suffix import forget_stored_answers
 from draftwise.errors import DraftwiseError
-from draftwise.models.defaults import DEFAULT_TARGET, ZOO_POOL
-from draftwise.request import Request
+from draftwise.models.loading import LoadOptions, context_limit, freeze_loaded_objects, load_causal_lm
+from draftwise.request import SEED_LIMIT
+from draftwise.zoo.load import zoo_domain_of
 
 log = logging.getLogger(__name__)
 
 RESULTS = "results.jsonl"
 ENV = "env.json"
-DEFAULT_POOL = ZOO_POOL  # zoo:all: the zoo drafters of whichever target is benched
-DEFAULT_METHODS = ("ar", "default", "fixed:*", "random", "policies:*", "router", "oracle", "hf-assisted:*", "hf-pld")
-# Settings that change what a row means: a resumed run must match them exactly.
-RUN_DEFINING = ("target", "drafters", "max_new_tokens", "temperature", "top_k", "top_p", "sampling", "draft_len",
-                "seed", "turns", "dtype", "device", "warmup_tokens")
-LEGACY_SETTINGS = {"sampling": "rejection", "device": "cpu"}  # what runs recorded before a setting existed
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    out: str
-    data: tuple[str, ...] = ()  # prompt files and named sets (self_instruct, zoo:dev, zoo:test); () = zoo:dev
-    methods: tuple[str, ...] = DEFAULT_METHODS
-    target: str = DEFAULT_TARGET
-    drafters: tuple[str, ...] = DEFAULT_POOL
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    sampling: str = "coupled"  # coupled | rejection (draftwise.verify.coupling); greedy runs ignore it
-    repeats: int = 1
-    draft_len: int | None = None  # None: the library's default (4), or a preset's own
-    seed: int = 0
-    turns: str = "first"
-    per_domain: int | None = None  # prompts kept per domain of each --data source (zoo splits: default 8)
-    zoo_corpus: str | None = None
-    router_train: str | None = None
-    warmup_tokens: int = 16  # one untimed run of this length per method and shard
-    workers: int = 1
-    ray: str | None = None
-    threads: int = 1  # torch threads per worker
-    dtype: str = "float32"
-    device: str = "cpu"  # torch device of every model (cuda, cuda:1, mps, ...)
-    progress: bool = True
-
-    def request(self) -> Request:
-        """What every generation of the run asks for (its seed is set per prompt and repeat)."""
-        return Request(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
-
-
 @dataclass(frozen=True)
 class Job:
     prompt: int  # index into the shard's prompt list
@@ -226,9 +197,6 @@ def jsonable(value: Any) -> Any:
 
 
 def load_workbench(config: BenchConfig, router: Any = None) -> Workbench:
-    from draftwise.drafters import build_drafters
-    from draftwise.models.loading import LoadOptions, freeze_loaded_objects, load_causal_lm
-
     options = LoadOptions(device=config.device, dtype=config.dtype)
     model, tokenizer = load_causal_lm(config.target, options)
     pool = build_drafters(list(config.drafters), model, tokenizer, options)
@@ -244,20 +212,13 @@ def drafter_domains(pool: Sequence[Any]) -> dict[str, tuple[str, ...]]:
     for d in pool:
         source = getattr(d, "source", "")
         if source.startswith("zoo:"):
-            try:
-                from draftwise.zoo.load import zoo_domain_of
-
+            with contextlib.suppress(DraftwiseError):  # a zoo drafter the manifest does not know: no domains
                 out[d.name] = tuple(zoo_domain_of(source))
-            except (ImportError, DraftwiseError):
-                pass
     return out
 
 
 def encode_prompts(bench: Workbench, prompts: Sequence[Prompt], max_new_tokens: int) -> list[list[int]]:
     """Token ids of every prompt, through the target's tokenizer (and chat template), fitted to its context."""
-    from draftwise.api import Generator
-    from draftwise.models.loading import context_limit
-
     encoder = Generator(bench.model, bench.tokenizer, [], policy="fixed")
     limit = context_limit(bench.model)
     out = []
@@ -306,8 +267,6 @@ def start_cold(method: Any) -> None:
     """Drop the responses a method's suffix drafters stored: a timed run must not draft from the
     answer a warm-up or an earlier repeat gave to the same prompt (the store keeps answers to
     other prompts of the run, as a server's would)."""
-    from draftwise.drafters.suffix import forget_stored_answers  # torch: loaded by the shards that run models
-
     generators = [getattr(method, "generator", None), *getattr(method, "generators", {}).values()]
     for generator in generators:
         forget_stored_answers(getattr(generator, "drafters", ()))
@@ -332,8 +291,6 @@ def make_row(prompt: Prompt, job: Job, seed: int, worker: int, out: Any) -> dict
 
 def _process_main(shard: Shard, results: Any) -> None:
     """Entry point of a spawned worker: rows go back through the queue, errors as one message."""
-    import torch
-
     torch.set_num_threads(shard.config.threads)
     _quiet_transformers()
     try:
@@ -349,13 +306,8 @@ def _process_main(shard: Shard, results: Any) -> None:
 
 
 def _quiet_transformers() -> None:
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
-    except ImportError:
-        pass
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
 
 def rows_in_processes(shards: Sequence[Shard]) -> Iterator[dict]:
@@ -405,7 +357,7 @@ def _finished_rows(results: Any, wait_s: float = 0.5) -> Iterator[dict]:
 
 
 def rows_on_ray(shards: Sequence[Shard], address: str) -> Iterator[dict]:
-    try:
+    try:  # Ray is optional (the ray extra)
         import ray
     except ImportError:
         raise DraftwiseError("--ray needs Ray: pip install 'draftwise[ray]'") from None
@@ -422,8 +374,6 @@ def rows_on_ray(shards: Sequence[Shard], address: str) -> Iterator[dict]:
 
 
 def _ray_task(shard: Shard) -> tuple[str, Any]:
-    import torch
-
     torch.set_num_threads(shard.config.threads)
     _quiet_transformers()
     try:
@@ -446,8 +396,6 @@ class RunResult:
 
 def run_bench(config: BenchConfig, bench: Workbench | None = None) -> RunResult:
     """Run (or resume) a benchmark into ``config.out``; returns every row of the current plan."""
-    from draftwise.bench.report import environment
-
     validate(config)
     for spec in config.methods:
         check_method(spec)  # unknown names fail before any model loads
@@ -484,8 +432,6 @@ def _execute(config: BenchConfig, prompts: list[Prompt], ids: list[list[int]], j
              bench: Workbench, results_path: Path) -> int:
     if not jobs:
         return 0
-    from tqdm.auto import tqdm
-
     n_shards = config.workers if config.ray is None else max(config.workers, min(len(prompts), 4 * config.workers))
     shards = [Shard(config, prompts, ids, shard, router, worker=i)
               for i, shard in enumerate(shard_jobs(jobs, max(1, n_shards)))]
@@ -519,8 +465,6 @@ def make_out_folder(out: Path) -> None:
 def validate(config: BenchConfig) -> None:
     """Every option that needs no file or model, checked first (NaN fails every comparison, so
     each check states what is valid)."""
-    from draftwise.request import SEED_LIMIT
-
     out = Path(config.out)
     checks = [
         (not out.exists() or out.is_dir(), f"--out {out} is a file; give a folder (new, or one to resume)"),
