@@ -444,11 +444,11 @@ def test_bench_device_reaches_the_models_and_a_bad_one_is_one_clear_error(setup,
 
 def test_router_without_training_prompts_names_what_is_missing(setup, capsys, monkeypatch, tmp_path):
     import draftwise.bench.datasets as datasets
-    import draftwise.bench.runner as runner
+    import draftwise.bench.router_training as router_training
 
     monkeypatch.delenv("DRAFTWISE_ZOO_CORPUS", raising=False)
     monkeypatch.setattr(datasets, "regenerate_zoo_corpus", lambda *args, **kwargs: None)  # no shared datasets
-    monkeypatch.setattr(runner, "shipped_router_path", lambda: tmp_path / "no-router.npz", raising=False)
+    monkeypatch.setattr(router_training, "shipped_router_path", lambda: tmp_path / "no-router.npz", raising=False)
     cfg = config(setup, "no-router", "router", router_train=None)
     assert main(cli_args(cfg)) == 2
     err = capsys.readouterr().err
@@ -459,7 +459,7 @@ def test_router_without_training_prompts_names_what_is_missing(setup, capsys, mo
 
 def test_the_zoo_ships_a_trained_router_the_bench_uses(setup):
     from draftwise.bench.router import load_router, save_router
-    from draftwise.bench.runner import bench_router, shipped_router_path
+    from draftwise.bench.router_training import bench_router, shipped_router_path
 
     router, info = bench_router(config(setup, "shipped", "router", router_train=None))
     assert info["file"] == str(shipped_router_path()) and info["built_with"].startswith("draftwise zoo router")

@@ -32,9 +32,9 @@ def test_bench_keeps_an_lm_drafters_tree_options(tiny_models, tmp_path):
     assert (drafter.tree.kind, drafter.tree.topk, drafter.tree.budget) == ("dynamic", 2, 6)  # … with the same tree
     ids = bench.tokenizer("the cat sat on the mat")["input_ids"]
     ar = build_method(bench, "ar")
-    from draftwise.bench.methods import DecodeSettings
+    from draftwise.request import Request
 
-    settings = DecodeSettings(max_new_tokens=6)
+    settings = Request(max_new_tokens=6)
     assert method.run(ids, "", 0, settings).token_ids == ar.run(ids, "", 0, settings).token_ids
 
 

@@ -21,6 +21,7 @@ pytest.importorskip("uvicorn")
 
 from draftwise.errors import DraftwiseError
 from draftwise.policies import make_policy
+from draftwise.request import Request
 from draftwise.serve.protocol import (
     APIError,
     TextStream,
@@ -346,8 +347,8 @@ class FakeSession:
         self.gen, self.max_batch = gen, max_batch
         self.active: list[FakeHandle] = []
 
-    def add(self, prompt_ids, max_new_tokens=16, temperature=0.0, top_k=None, top_p=None, seed=None, stop=(),
-            ignore_eos=False):
+    def add(self, prompt_ids, request):
+        max_new_tokens = request.max_new_tokens
         if max_new_tokens > 1000:
             raise DraftwiseError("too many")
         handle = FakeHandle(list(prompt_ids), max_new_tokens)
@@ -539,7 +540,7 @@ def test_the_ticket_delivers_across_threads():
     from draftwise.serve.scheduler import Done, Job, Ticket, Tokens
 
     async def go() -> list[Any]:
-        ticket = Ticket(Job([1], 1), scheduler=None)  # type: ignore[arg-type]
+        ticket = Ticket(Job([1], Request(1)), scheduler=None)  # type: ignore[arg-type]
         threading.Thread(target=lambda: (ticket.job.deliver(Tokens([5])), ticket.job.deliver(Done(None)))).start()
         return [await ticket.next(), await ticket.next()]
 

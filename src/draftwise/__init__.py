@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["DraftwiseError", "GenerationResult", "Generator", "__version__"]
+__all__ = ["DraftwiseError", "GenerationResult", "Generator", "Request", "Setup", "__version__"]
 
 from draftwise.errors import DraftwiseError
+from draftwise.request import Request
 
 if TYPE_CHECKING:
     from draftwise.api import Generator
+    from draftwise.decision.setup import Setup
     from draftwise.trace import GenerationResult
 
 
@@ -20,6 +22,10 @@ def __getattr__(name: str) -> Any:
         from draftwise.api import Generator
 
         return Generator
+    if name == "Setup":
+        from draftwise.decision.setup import Setup
+
+        return Setup
     if name == "GenerationResult":
         from draftwise.trace import GenerationResult
 

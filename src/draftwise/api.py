@@ -1,4 +1,8 @@
-"""The public face: ``Generator.from_pretrained(...).generate(...)``."""
+"""The public face: ``Generator.from_pretrained(...).generate(...)``.
+
+What a Generator runs with is parsed here, once: the pool's learner and arms into a
+:class:`~draftwise.decision.setup.Setup`, each query's settings into a :class:`~draftwise.request.Request`.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftwise.decision.arms import ArmSettings, build_arms
-from draftwise.decision.core import make_learner
-from draftwise.decision.step_costs import StepCostModel
+from draftwise.decision import StepCostModel, build_arms, make_learner
+from draftwise.decision.setup import DEFAULT_DRAFT_LEN, DEFAULT_POLICY, Setup
 from draftwise.drafters import Drafter, build_drafters
 from draftwise.drafters.pool import attach_banks
 from draftwise.engine import Engine
@@ -24,23 +27,15 @@ from draftwise.errors import DraftwiseError
 from draftwise.models.cached_lm import CachedLM
 from draftwise.models.defaults import DEFAULT_TARGET, default_drafters
 from draftwise.models.loading import LoadOptions, context_limit, load_causal_lm
-from draftwise.policies import POLICIES, PRESETS
-from draftwise.settings.request import check_seed
+from draftwise.request import Request, check_seed
 from draftwise.trace import GenerationResult
 
 log = logging.getLogger(__name__)
 
-# draftwise's own learner (docs/policies.md): UCB per context — does each lookup propose this round —
-# over the lookups' long drafts, a routed model drafter and no speculation, rewarded by measured
-# tokens/s. Each arm pays where it is cheap: a lookup's match is known before the round, and a model
-# arm is kept only where the machine's measured costs say it pays. The answer's first 16 tokens are a
-# context of their own: lookups rarely match there, and under load what those rounds teach would stop a
-# query drafting for the rest of its answer. On the zoo it ties the best single drafter one request at
-# a time (BENCHMARKS.md; the reasons, measured: docs/design.md, "Policies").
-DEFAULT_POLICY = "ctx-ucb:opening=16"
+__all__ = ["DEFAULT_DRAFT_LEN", "DEFAULT_POLICY", "DEFAULT_SAMPLING", "Generator", "Request", "Setup"]
+
 SAMPLING_SCHEMES = ("coupled", "rejection")  # how sampled tokens are drawn (draftwise.verify.coupling)
 DEFAULT_SAMPLING = "coupled"  # one seed, one text: whatever the drafters, policy, batch or clock
-DEFAULT_DRAFT_LEN = 4  # draft tokens per round; verifying 5 tokens costs ≈ 1.6–2× one on CPU
 
 
 class Generator:
@@ -71,7 +66,10 @@ class Generator:
         fast_drafters: bool = True,
         drafter_head_dtype: str | None = None,
         sampling: str = DEFAULT_SAMPLING,
+        setup: Setup | None = None,
     ) -> None:
+        """``setup``: the learner and arms, parsed already (:meth:`Setup.parse`); else they are parsed
+        from ``policy``, ``draft_len``, ``arms``, ``max_draft``, ``stops`` and ``arm_drafter``."""
         self.model = target
         coupled = check_sampling_scheme(sampling)
         seed = check_seed(seed)
@@ -83,10 +81,13 @@ class Generator:
                 attach_banks(self.drafters, drafter_head_dtype)
             except ValueError as error:
                 raise DraftwiseError(f"drafter_head_dtype: {error}") from None
-        layout, settings = arm_settings(policy, draft_len, arms, max_draft, stops, arm_drafter)
-        self.arms = build_arms(layout, self.drafters, settings)
-        self.policy_spec = policy
-        self.policy = make_learner(policy, self.arms, self.drafters, np.random.default_rng(seed))
+        if setup is None:
+            setup = Setup.parse(policy, draft_len=draft_len, arms=arms, max_draft=max_draft, stops=stops,
+                                arm_drafter=arm_drafter)
+        self.setup = setup
+        self.arms = build_arms(setup.layout, self.drafters, setup.arms)
+        self.policy_spec = setup.policy.text
+        self.policy = make_learner(setup.policy, self.arms, self.drafters, np.random.default_rng(seed))
         self.engine = Engine(self.target, self.drafters, self.arms, self.policy)
         # What a batched step costs on this target and device: learned once, shared by every batch session
         self.step_costs = StepCostModel()
@@ -107,6 +108,7 @@ class Generator:
         dtype: str = "float32",
         seed: int = 0,
         chat: bool | None = None,
+        setup: Setup | None = None,
         **arm_options: Any,
     ) -> Generator:
         """Load the target and the drafters named by ``drafters``.
@@ -119,11 +121,16 @@ class Generator:
         Drafter specs: a model path or hub id, ``zoo:NAME``, ``zoo:all``, ``pld``, ``suffix``,
         with options such as ``pld:max_ngram=4``. ``arm_options``: ``arms`` (layout: drafters,
         lengths, stops, drafters×stops or an explicit list), ``max_draft``, ``stops``,
-        ``arm_drafter`` — see :mod:`draftwise.decision.arms`.
+        ``arm_drafter`` — see :mod:`draftwise.decision.arms`. ``setup``: all of these parsed already
+        (:meth:`Setup.parse`; its drafters, when it names them, stand for ``drafters``).
         """
         options = LoadOptions(device=device, dtype=dtype)
         model, tokenizer = load_causal_lm(target, options)
+        if setup is not None and setup.drafters is not None:
+            drafters = setup.drafters
         pool = build_drafters(default_drafters(target) if drafters is None else drafters, model, tokenizer, options)
+        if setup is not None:
+            return cls(model, tokenizer, pool, seed=seed, chat=chat, setup=setup, **arm_options)
         return cls(model, tokenizer, pool, policy=policy, draft_len=draft_len, seed=seed, chat=chat, **arm_options)
 
     # ------------------------------------------------------------------------------------------
@@ -149,44 +156,34 @@ class Generator:
         """Token ids of a prompt (text through the tokenizer, and its chat template when asked)."""
         return self.intake.encode(prompt)
 
-    def generate(
-        self,
-        prompt: str | Sequence[int],
-        max_new_tokens: int = 128,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
-        ignore_eos: bool = False,
-        truncate: bool = False,
-    ) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens; greedy when ``temperature`` is 0 (or below
-        :data:`~draftwise.verify.chain.GREEDY_BELOW`, 1e-5).
-
+    def generate(self, prompt: str | Sequence[int], request: Request | None = None,
+                 **settings: Any) -> GenerationResult:
+        """Generate for ``prompt`` as ``request`` asks — or as ``settings`` do, the fields of a
+        :class:`~draftwise.request.Request` given as keywords (``max_new_tokens=64, temperature=0.7``).
+        Greedy when the temperature is 0 (or below :data:`~draftwise.verify.chain.GREEDY_BELOW`, 1e-5);
         ``truncate`` keeps only the last tokens of a prompt too long for the target's context.
         """
-        ids, settings, seed = self.intake.prepare(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
-                                                  ignore_eos, truncate)
+        request = _request(request, settings)
+        ids, query, seed = self.intake.prepare(prompt, request)
         with self.lock:
             generator = torch.Generator(device=self.target.device).manual_seed(seed)
-            self.policy.rng = np.random.default_rng(seed)
-            return self.intake.result(ids, self.engine.run(ids, settings, generator), seed)
+            outcome = self.engine.run(ids, query, generator, np.random.default_rng(seed))
+            return self.intake.result(ids, outcome, seed)
 
-    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 128,
-                       temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                       seed: int | Sequence[int] | None = None, stop: Sequence[str] = (), ignore_eos: bool = False,
-                       truncate: bool = False, batch_size: int = 32, decide: str = "query") -> list[GenerationResult]:
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], request: Request | None = None, *,
+                       seed: int | Sequence[int] | None = None, batch_size: int = 32, decide: str = "query",
+                       **settings: Any) -> list[GenerationResult]:
         """Generate for every prompt, up to ``batch_size`` at once: each round every active query picks
         its own arm and drafts, and one target forward verifies them all (continuous batching: a
         finished query's place goes to the next prompt). Results in prompt order; a prompt that
-        cannot run (too long, empty) gets a result with ``error`` set and the others finish.
+        cannot run (too long, empty, a bad setting) gets a result with ``error`` set and the others finish.
 
-        ``decide``: ``"query"`` (each query's learner chooses) or ``"batch"`` (one learner chooses
-        one arm per round for the whole batch, rewarded by the round's throughput: BanditSpec §6.2).
-        Every query draws from its own generator seeded with ``seed`` (one per prompt, or one for
-        all; the Generator's by default). Ctrl-C returns what every query generated so far
-        (``stopped_by`` "interrupted").
+        ``request`` (or ``settings``, its fields as keywords) applies to every prompt. ``decide``:
+        ``"query"`` (each query's learner chooses) or ``"batch"`` (one learner chooses one arm per round
+        for the whole batch, rewarded by the round's throughput: BanditSpec §6.2). Every query draws
+        from its own generator seeded with ``seed`` (one per prompt, or one for all; the request's, else
+        the Generator's, by default). Ctrl-C returns what every query generated so far (``stopped_by``
+        "interrupted").
         """
         seeds = list(seed) if isinstance(seed, Sequence) else [seed] * len(prompts)
         if len(seeds) != len(prompts):
@@ -196,8 +193,9 @@ class Generator:
             handles: list[Any] = []
             for prompt, one_seed in zip(prompts, seeds):
                 try:
-                    handles.append(session.add(prompt, max_new_tokens, temperature, top_k, top_p, one_seed, stop,
-                                               ignore_eos, truncate))
+                    one = _request(request, settings) if one_seed is None else \
+                        _request(request, {**settings, "seed": one_seed})
+                    handles.append(session.add(prompt, one))
                 except DraftwiseError as error:
                     handles.append(error)
             session.run()
@@ -216,36 +214,15 @@ class Generator:
         return BatchSession(engine, self.intake, self.lock, max_batch)
 
 
-def arm_settings(
-    policy: str,
-    draft_len: int | None,
-    arms: str | None,
-    max_draft: int | None,
-    stops: Sequence[str] | None,
-    arm_drafter: str | None,
-) -> tuple[str, ArmSettings]:
-    """The arm layout and settings: explicit arguments first, then the policy preset's, then defaults."""
-    name = policy.split(":", 1)[0]
-    preset = PRESETS.get(name) if name in PRESETS else None
-    policy_arms = getattr(POLICIES.get(name), "default_arms", None) if name in POLICIES else None
-
-    def pick(value: Any, preset_value: Any, default: Any) -> Any:
-        return value if value is not None else (preset_value if preset_value is not None else default)
-
-    settings = ArmSettings(
-        draft_len=pick(draft_len, preset and preset.draft_len, DEFAULT_DRAFT_LEN),
-        max_draft=pick(max_draft, preset and preset.max_draft, ArmSettings.max_draft),
-        stops=tuple(pick(stops, preset and preset.stops, ArmSettings.stops)),
-        drafter=arm_drafter,
-    )
-    for key in ("draft_len", "max_draft"):
-        if getattr(settings, key) < 1:
-            raise DraftwiseError(f"{key} must be ≥ 1, got {getattr(settings, key)}")
-    return pick(arms, preset and preset.arms, policy_arms or "drafters"), settings
-
-
 def check_sampling_scheme(scheme: str) -> bool:
     """Whether ``scheme`` is coupled sampling (one clear error for an unknown scheme)."""
     if scheme not in SAMPLING_SCHEMES:
         raise DraftwiseError(f"sampling must be one of {', '.join(SAMPLING_SCHEMES)}, got {scheme!r}")
     return scheme == "coupled"
+
+
+def _request(request: Request | None, settings: dict[str, Any]) -> Request:
+    """The request a call asks for: ``request``, with any ``settings`` (a Request's fields) over it."""
+    if request is None:
+        return Request(**settings)
+    return replace(request, **settings) if settings else request

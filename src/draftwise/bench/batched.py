@@ -25,21 +25,34 @@ Whether sampling keeps the target's distribution is a test's matter (tests/test_
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import resource
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from draftwise.bench.methods import DecodeSettings, Workbench, eos_ids, fixed_spec
+from draftwise.api import DEFAULT_POLICY, Generator
+from draftwise.bench.methods import Workbench, eos_ids, fixed_spec
+from draftwise.bench.report import environment
+from draftwise.bench.runner import (
+    SEED_RULE,
+    encode_prompts,
+    load_workbench,
+    make_out_folder,
+    read_rows,
+    resolve_prompts,
+    row_seed,
+)
 from draftwise.drafters.suffix import forget_stored_answers
 from draftwise.errors import DraftwiseError
+from draftwise.request import Request
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +72,7 @@ class BatchRun:
 class BatchDecode:
     """How one pass decodes: the bench's settings, and for sampled passes one seed a query."""
 
-    settings: DecodeSettings
+    settings: Request
     seeds: Sequence[int] = ()
 
     @property
@@ -70,11 +83,11 @@ class BatchDecode:
     def temperature(self) -> float:
         return self.settings.temperature
 
-    def query(self, index: int) -> dict[str, Any]:
-        """Keyword arguments of :meth:`BatchSession.add` for the query at ``index``."""
+    def query(self, index: int) -> Request:
+        """The request of the query at ``index`` (greedy: the length alone)."""
         if self.temperature == 0:
-            return {"max_new_tokens": self.max_new_tokens}
-        return {**asdict(self.settings), "seed": self.seeds[index]}
+            return Request(self.max_new_tokens)
+        return replace(self.settings, seed=self.seeds[index])
 
 
 Runner = Callable[[Sequence[list[int]], int, BatchDecode], BatchRun]  # (prompts, batch size, decoding)
@@ -110,7 +123,7 @@ def engine_runner(generator: Any, decide: str = "query", adapt: bool = True) -> 
         if not adapt:
             session.engine.cut_width = False
             session.engine.cap_acceptance = 0.0
-        handles = [session.add(p, **decode.query(i)) for i, p in enumerate(prompts)]
+        handles = [session.add(p, decode.query(i)) for i, p in enumerate(prompts)]
         session.run()
         wall = time.perf_counter() - start
         results = [h.result for h in handles]
@@ -172,8 +185,6 @@ def hf_runner(model: Any, pad_id: int) -> Runner:
 
 
 def build_runner(bench: Workbench, spec: str, length_drafter: str) -> Runner:
-    from draftwise.api import DEFAULT_POLICY, Generator
-
     def make(policy: str, names: Sequence[str] | None = None, **kw: Any) -> Any:
         kw.setdefault("draft_len", bench.draft_len)
         return Generator(bench.model, bench.tokenizer, bench.fresh_pool(names), policy=policy, seed=bench.seed,
@@ -202,17 +213,6 @@ def build_runner(bench: Workbench, spec: str, length_drafter: str) -> Runner:
 
 def run_batched(config: Any, sizes: Sequence[int], length_drafter: str = "pld") -> dict[str, Any]:
     """Run (or resume) every B × method × repeat into ``config.out``; returns the summary."""
-    from draftwise.bench.report import environment
-    from draftwise.bench.runner import (
-        SEED_RULE,
-        encode_prompts,
-        load_workbench,
-        make_out_folder,
-        read_rows,
-        resolve_prompts,
-        row_seed,
-    )
-
     out = Path(config.out)
     prompts = resolve_prompts(config)
     bench = load_workbench(config)
@@ -243,7 +243,7 @@ def run_batched(config: Any, sizes: Sequence[int], length_drafter: str = "pld") 
             # speed drifts over minutes (shared CPUs) shifts every method alike, not one
             for repeat in range(config.repeats):
                 seeds = [row_seed(config.seed, p.id, repeat) for p in prompts] if sampled else []
-                decode = BatchDecode(config.settings(), seeds)
+                decode = BatchDecode(config.request(), seeds)
                 for method in methods:
                     key = f"B={size}|{method}|{repeat}"
                     if key in done:
@@ -274,8 +274,6 @@ def run_batched(config: Any, sizes: Sequence[int], length_drafter: str = "pld") 
 
 
 def hash_ids(ids: Sequence[int]) -> str:
-    import hashlib
-
     return hashlib.sha1(json.dumps(list(ids)).encode()).hexdigest()[:12]
 
 
@@ -377,7 +375,7 @@ def write_summary(out: Path, summary: dict[str, Any]) -> None:
 
 
 def plot_throughput(path: Path, summary: dict[str, Any]) -> None:
-    import matplotlib
+    import matplotlib  # optional (the plot extra): its callers check that it imports
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -34,6 +34,7 @@ import numpy as np
 
 from draftwise.errors import DraftwiseError
 from draftwise.registry import Registry
+from draftwise.zoo.load import read_manifest, shipped_models_dir
 
 log = logging.getLogger(__name__)
 
@@ -193,14 +194,8 @@ def zoo_corpus_candidates(explicit: str | Path | None = None) -> list[Path]:
     for value in (explicit, os.environ.get(CORPUS_ENV)):
         if value:
             candidates += [Path(value), Path(value) / "corpus"]
-    try:
-        from draftwise.zoo.load import shipped_models_dir
-
-        models = shipped_models_dir()
-        candidates += [models / "corpus", models.parent / "corpus"]
-    except ImportError:  # no zoo package in this installation
-        pass
-    return candidates
+    models = shipped_models_dir()
+    return candidates + [models / "corpus", models.parent / "corpus"]
 
 
 DATA_ENV = "DRAFTWISE_DATA"  # the shared datasets folder (code_alpaca, spider, gsm8k, …) the zoo is built from
@@ -253,9 +248,10 @@ def regenerate_zoo_corpus(data: Path | None = None, cache: Path = CACHE_DIR) -> 
     or the datasets are absent.
     """
     try:
+        # the build budgets import the training loops (torch, transformers: seconds); this module builds the
+        # command line's parser, and only a corpus rebuild needs them
         from draftwise.training.budgets import BUDGETS
         from draftwise.training.corpus import build_corpus, write_corpus
-        from draftwise.zoo.load import read_manifest
 
         budget_name = read_manifest()["build"]["budget"]["name"]
         budget = BUDGETS.get(budget_name)

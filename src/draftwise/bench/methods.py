@@ -25,12 +25,20 @@ import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+import torch
+
+from draftwise.api import DEFAULT_DRAFT_LEN, DEFAULT_POLICY, Generator
+from draftwise.bench.router import route_table
+from draftwise.drafters import ModelDrafter
 from draftwise.errors import DraftwiseError
+from draftwise.models.vocab_map import vocab_map_of
 from draftwise.options import split_spec, typed_options
+from draftwise.policies import POLICIES, PRESETS
 from draftwise.registry import Registry
+from draftwise.request import Request
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +46,6 @@ BASELINE = "ar"
 INTERRUPTED = "interrupted"  # stats.stopped_by of a generation Ctrl-C cut short
 BASELINE_POLICIES = ("fixed", "random", "round-robin")  # not learners: left out of ``policies:*``
 GROUPS = ("fixed:*", "hf-assisted:*", "policies:*", "presets:*")
-
-
-@dataclass(frozen=True)
-class DecodeSettings:
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
 
 
 @dataclass
@@ -61,7 +61,7 @@ class Output:
 class Method(Protocol):
     name: str
 
-    def run(self, ids: list[int], text: str, seed: int, settings: DecodeSettings) -> Output: ...
+    def run(self, ids: list[int], text: str, seed: int, settings: Request) -> Output: ...
 
 
 @dataclass
@@ -91,15 +91,11 @@ class Workbench:
         return [d.fresh() for d in self.pool if names is None or d.name in names]
 
     def generator(self, policy: str, names: Sequence[str] | None = None, draft_len: int | None = None) -> Any:
-        from draftwise.api import Generator
-
         return Generator(self.model, self.tokenizer, self.fresh_pool(names), policy=policy,
                          draft_len=draft_len or self.draft_len, seed=self.seed, sampling=self.sampling)
 
     @property
     def peer_draft_len(self) -> int:
-        from draftwise.api import DEFAULT_DRAFT_LEN
-
         return self.draft_len or DEFAULT_DRAFT_LEN
 
     def lm_model(self, name: str) -> Any:
@@ -111,8 +107,6 @@ class Workbench:
 
 def _hf_model(drafter: Any) -> Any | None:
     """The Hugging Face LM behind a drafter (None for lookups and heads)."""
-    from draftwise.drafters import ModelDrafter
-
     return drafter.hf_model() if isinstance(drafter, ModelDrafter) else None
 
 
@@ -160,10 +154,9 @@ class EngineMethod:
     name: str
     generator: Any
 
-    def run(self, ids: list[int], text: str, seed: int, settings: DecodeSettings) -> Output:
+    def run(self, ids: list[int], text: str, seed: int, settings: Request) -> Output:
         start = time.perf_counter()
-        result = self.generator.generate(ids, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-                                         top_k=settings.top_k, top_p=settings.top_p, seed=seed)
+        result = self.generator.generate(ids, replace(settings, seed=seed))
         wall = time.perf_counter() - start
         if result.stats.stopped_by == INTERRUPTED:
             # The engine keeps a Ctrl-C's partial output for `generate`; for the bench it is a cut-short
@@ -175,16 +168,12 @@ class EngineMethod:
 
 @register_method("ar", "plain decoding with draftwise's engine, no drafter: the baseline of every speedup")
 def _ar(bench: Workbench, arg: str) -> Method:
-    from draftwise.api import Generator
-
     return EngineMethod("ar", Generator(bench.model, bench.tokenizer, [], policy="fixed", seed=bench.seed,
                                         sampling=bench.sampling))
 
 
 @register_method("default", "the library's default policy over the whole pool")
 def _default(bench: Workbench, arg: str) -> Method:
-    from draftwise.api import DEFAULT_POLICY
-
     return EngineMethod("default", bench.generator(DEFAULT_POLICY))
 
 
@@ -228,7 +217,7 @@ class RouterMethod:
     table: dict[str, str]
     generators: dict[str, Any]
 
-    def run(self, ids: list[int], text: str, seed: int, settings: DecodeSettings) -> Output:
+    def run(self, ids: list[int], text: str, seed: int, settings: Request) -> Output:
         start = time.perf_counter()
         drafter = self.table[self.router.predict([text])[0]]  # routing time counts: the router runs per query
         out = EngineMethod(self.name, self.generators[drafter]).run(ids, text, seed, settings)
@@ -239,8 +228,6 @@ class RouterMethod:
 
 @register_method("router", "TF-IDF + logistic regression on the prompt routes each query to one drafter")
 def _router(bench: Workbench, arg: str) -> Method:
-    from draftwise.bench.router import route_table
-
     if bench.router is None:
         raise DraftwiseError("method router: no router was trained (it needs --router-train FILE or the zoo corpus)")
     names = bench.drafter_names
@@ -281,9 +268,7 @@ class HFMethod:
     model: Any
     kwargs: dict[str, Any]
 
-    def run(self, ids: list[int], text: str, seed: int, settings: DecodeSettings) -> Output:
-        import torch
-
+    def run(self, ids: list[int], text: str, seed: int, settings: Request) -> Output:
         x = torch.tensor([ids], device=self.model.device)
         sample = settings.temperature > 0
         kwargs: dict[str, Any] = dict(attention_mask=torch.ones_like(x), max_new_tokens=settings.max_new_tokens,
@@ -334,8 +319,6 @@ def _hf_assisted(bench: Workbench, arg: str) -> Method:
 def full_vocabulary_view(model: Any) -> Any:
     """A drafter over a vocabulary subset as transformers' assisted generation can use it: the same
     weights, reading and writing the target's ids (draftwise.models.vocab_map); any other model as it is."""
-    from draftwise.models.vocab_map import vocab_map_of
-
     found = vocab_map_of(model)
     if found is None:
         return model
@@ -390,8 +373,6 @@ def method_head(spec: str) -> str:
 
 def policy_names() -> list[str]:
     """Every registered policy and paper preset (``draftwise policies``)."""
-    from draftwise.policies import POLICIES, PRESETS
-
     return sorted({*POLICIES, *PRESETS})
 
 
@@ -404,8 +385,6 @@ def learner_names() -> list[str]:
 
 
 def preset_names() -> list[str]:
-    from draftwise.policies import PRESETS
-
     return list(PRESETS)
 
 

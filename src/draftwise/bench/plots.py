@@ -127,7 +127,7 @@ def mat_by_pool_size(full: dict[str, dict[str, Any]], pool_size: int | None) -> 
 
 def write_plots(out: Path, rows: Sequence[dict], full: dict[str, dict[str, Any]], methods: Sequence[str],
                 pool_size: int | None) -> list[Path]:
-    try:
+    try:  # matplotlib is optional (the plot extra)
         import matplotlib
 
         matplotlib.use("Agg")

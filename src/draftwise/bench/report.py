@@ -31,6 +31,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from draftwise.bench.methods import BASELINE
 from draftwise.bench.plots import write_plots
 from draftwise.bench.rows import (
@@ -44,6 +46,7 @@ from draftwise.bench.rows import (
     speed,
     with_derived,
 )
+from draftwise.models.drafter_bank import resolve_head_dtype
 
 SUMMARY_KEYS = ("speedup", "speedup_mean_of_prompts", "tokens_per_s", "mat", "acceptance_rate",
                 "target_calls_per_token", "mismatches")
@@ -323,10 +326,6 @@ def cpu_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    import torch
-
-    from draftwise.models.drafter_bank import resolve_head_dtype
-
     # the lean drafters' LM-head dtype for float32 models follows the CPU ("auto"): results depend on it
     head = str(resolve_head_dtype(None, torch.float32)).replace("torch.", "")
     return {"model": model, "count": os.cpu_count(), "machine": platform.machine(), "system": platform.platform(),
@@ -336,8 +335,6 @@ def cpu_info() -> dict[str, Any]:
 
 def environment(config: Any, methods: Sequence[str], prompts: Sequence[Any], router: dict[str, Any] | None,
                 seed_rule: str, pool: Sequence[str] = ()) -> dict[str, Any]:
-    import torch
-
     domains: dict[str, int] = defaultdict(int)
     for p in prompts:
         domains[p.domain] += 1

@@ -15,6 +15,7 @@ Rows are raw records; every summary is derived from them (:mod:`draftwise.bench.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -27,75 +28,38 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+from tqdm.auto import tqdm
+from transformers.utils import logging as hf_logging
+
+from draftwise.api import Generator
+from draftwise.bench.config import LEGACY_SETTINGS, RUN_DEFINING, BenchConfig
 from draftwise.bench.datasets import (
-    CORPUS_ENV,
-    DATA_ENV,
     Prompt,
     PromptRequest,
-    find_zoo_corpus,
-    has_split,
     load_prompt_sources,
-    locate_zoo_corpus,
-    regenerate_zoo_corpus,
-    resolve_data_dir,
-    zoo_training_texts,
 )
 from draftwise.bench.methods import (
     INTERRUPTED,
-    DecodeSettings,
     Workbench,
     build_method,
     check_method,
     expand_methods,
     is_derived,
 )
+from draftwise.bench.report import environment
+from draftwise.bench.router_training import bench_router
+from draftwise.drafters import build_drafters
+from draftwise.drafters.suffix import forget_stored_answers
 from draftwise.errors import DraftwiseError
-from draftwise.models.defaults import DEFAULT_TARGET, ZOO_POOL
+from draftwise.models.loading import LoadOptions, context_limit, freeze_loaded_objects, load_causal_lm
+from draftwise.request import SEED_LIMIT
+from draftwise.zoo.load import zoo_domain_of
 
 log = logging.getLogger(__name__)
 
 RESULTS = "results.jsonl"
 ENV = "env.json"
-DEFAULT_POOL = ZOO_POOL  # zoo:all: the zoo drafters of whichever target is benched
-DEFAULT_METHODS = ("ar", "default", "fixed:*", "random", "policies:*", "router", "oracle", "hf-assisted:*", "hf-pld")
-# Settings that change what a row means: a resumed run must match them exactly.
-RUN_DEFINING = ("target", "drafters", "max_new_tokens", "temperature", "top_k", "top_p", "sampling", "draft_len",
-                "seed", "turns", "dtype", "device", "warmup_tokens")
-LEGACY_SETTINGS = {"sampling": "rejection", "device": "cpu"}  # what runs recorded before a setting existed
-ROUTER_PER_LABEL = 400  # zoo training prompts per domain for the router
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    out: str
-    data: tuple[str, ...] = ()  # prompt files and named sets (self_instruct, zoo:dev, zoo:test); () = zoo:dev
-    methods: tuple[str, ...] = DEFAULT_METHODS
-    target: str = DEFAULT_TARGET
-    drafters: tuple[str, ...] = DEFAULT_POOL
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    sampling: str = "coupled"  # coupled | rejection (draftwise.verify.coupling); greedy runs ignore it
-    repeats: int = 1
-    draft_len: int | None = None  # None: the library's default (4), or a preset's own
-    seed: int = 0
-    turns: str = "first"
-    per_domain: int | None = None  # prompts kept per domain of each --data source (zoo splits: default 8)
-    zoo_corpus: str | None = None
-    router_train: str | None = None
-    warmup_tokens: int = 16  # one untimed run of this length per method and shard
-    workers: int = 1
-    ray: str | None = None
-    threads: int = 1  # torch threads per worker
-    dtype: str = "float32"
-    device: str = "cpu"  # torch device of every model (cuda, cuda:1, mps, ...)
-    progress: bool = True
-
-    def settings(self) -> DecodeSettings:
-        return DecodeSettings(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
-
-
 @dataclass(frozen=True)
 class Job:
     prompt: int  # index into the shard's prompt list
@@ -233,9 +197,6 @@ def jsonable(value: Any) -> Any:
 
 
 def load_workbench(config: BenchConfig, router: Any = None) -> Workbench:
-    from draftwise.drafters import build_drafters
-    from draftwise.models.loading import LoadOptions, freeze_loaded_objects, load_causal_lm
-
     options = LoadOptions(device=config.device, dtype=config.dtype)
     model, tokenizer = load_causal_lm(config.target, options)
     pool = build_drafters(list(config.drafters), model, tokenizer, options)
@@ -251,20 +212,13 @@ def drafter_domains(pool: Sequence[Any]) -> dict[str, tuple[str, ...]]:
     for d in pool:
         source = getattr(d, "source", "")
         if source.startswith("zoo:"):
-            try:
-                from draftwise.zoo.load import zoo_domain_of
-
+            with contextlib.suppress(DraftwiseError):  # a zoo drafter the manifest does not know: no domains
                 out[d.name] = tuple(zoo_domain_of(source))
-            except (ImportError, DraftwiseError):
-                pass
     return out
 
 
 def encode_prompts(bench: Workbench, prompts: Sequence[Prompt], max_new_tokens: int) -> list[list[int]]:
     """Token ids of every prompt, through the target's tokenizer (and chat template), fitted to its context."""
-    from draftwise.api import Generator
-    from draftwise.models.loading import context_limit
-
     encoder = Generator(bench.model, bench.tokenizer, [], policy="fixed")
     limit = context_limit(bench.model)
     out = []
@@ -281,134 +235,6 @@ def encode_prompts(bench: Workbench, prompts: Sequence[Prompt], max_new_tokens: 
     return out
 
 
-def bench_router(config: BenchConfig) -> tuple[Any, dict[str, Any]]:
-    """The static router of method ``router``, from the first source that exists:
-
-    1. ``--router-train FILE`` (prompt + drafter or domain per line), trained now;
-    2. the train split of an explicit zoo corpus (``--zoo-corpus`` / $DRAFTWISE_ZOO_CORPUS), trained now;
-    3. the router shipped with the zoo (``zoo/models/router.npz``, built by ``draftwise zoo router``);
-    4. the zoo corpus's train split regenerated from the shared datasets, trained now.
-    """
-    from draftwise.bench.router import train_router
-
-    if config.router_train:
-        texts, labels = labelled_prompts(config.router_train)
-        router = train_router(texts, labels, seed=config.seed)
-        return router, router_record(router, texts, labels, config.router_train, config.seed)
-    explicit = config.zoo_corpus or os.environ.get(CORPUS_ENV)
-    folder = locate_zoo_corpus(explicit, "train") if explicit else None
-    if folder is None and (shipped := load_shipped_router()) is not None:
-        return shipped
-    folder = folder or locate_zoo_corpus(None, "train")
-    if folder is None:
-        raise DraftwiseError(
-            "method router: no training prompts for the router (the zoo corpus's train split, train/DOMAIN.jsonl) "
-            f"and no trained router shipped with the zoo ({shipped_router_path()}); pass --router-train FILE "
-            "(JSONL: prompt + drafter or domain per line), point --zoo-corpus at a zoo build or corpus folder with "
-            f"a train split, or set ${DATA_ENV} to the shared datasets folder to rebuild it")
-    return train_zoo_router(folder, config.seed)
-
-
-def train_zoo_router(folder: Path, seed: int) -> tuple[Any, dict[str, Any]]:
-    """The router on up to ``ROUTER_PER_LABEL`` prompts per domain of a zoo corpus's train split."""
-    from draftwise.bench.router import train_router
-
-    texts, labels = zoo_training_texts(folder, ROUTER_PER_LABEL, seed)
-    router = train_router(texts, labels, seed=seed)
-    return router, router_record(router, texts, labels, str(folder / "train"), seed)
-
-
-def router_record(router: Any, texts: Sequence[str], labels: Sequence[str], source: str, seed: int) -> dict[str, Any]:
-    """How a router was trained (env.json, and the shipped router's file)."""
-    from draftwise.bench.router import HYPERPARAMETERS
-
-    info = {"source": source, "examples": len(texts), "labels": router.labels, "seed": seed,
-            "train_accuracy": router.accuracy(texts, labels), "features": len(router.vocabulary),
-            "per_label": ROUTER_PER_LABEL, "hyperparameters": HYPERPARAMETERS}
-    log.info("router trained on %d prompts (%s): train accuracy %.3f", len(texts), source, info["train_accuracy"])
-    return info
-
-
-def shipped_router_path() -> Path:
-    from draftwise.bench.router import ROUTER_FILE
-    from draftwise.zoo.load import shipped_models_dir
-
-    return shipped_models_dir() / ROUTER_FILE
-
-
-def load_shipped_router() -> tuple[Any, dict[str, Any]] | None:
-    """The router shipped with the zoo and its build record, or None when the zoo has none."""
-    from draftwise.bench.router import load_router
-
-    path = shipped_router_path()
-    if not path.is_file():
-        return None
-    router, info = load_router(path)
-    log.info("router: the zoo's shipped %s (%s)", path.name, info.get("built_with", "?"))
-    return router, {**info, "file": str(path)}
-
-
-def build_router_file(data: str | None, zoo_corpus: str | None, seed: int,
-                      out: Path | None = None) -> tuple[Path, dict]:
-    """``draftwise zoo router``: train the zoo's router, deterministically, and write it into the zoo.
-
-    The training prompts are the zoo corpus's train split: an explicit ``zoo_corpus``, else the
-    split regenerated from the shared datasets with the zoo build's budget and seed (the same split
-    every time). Same data + same seed = the same file.
-    """
-    from draftwise.bench.router import save_router
-
-    if zoo_corpus:
-        folder = find_zoo_corpus(zoo_corpus, "train")
-        origin = f"the train split of {folder}"
-    else:
-        rebuilt = regenerate_zoo_corpus(resolve_data_dir(data))
-        if rebuilt is None or not has_split(rebuilt, "train"):
-            raise DraftwiseError("zoo router: cannot rebuild the zoo corpus: the zoo's manifest (zoo.json) names no "
-                                 "build budget; pass --zoo-corpus DIR (a zoo build or corpus folder)")
-        folder = rebuilt
-        origin = ("the zoo corpus's train split, rebuilt from the shared datasets (see data_checksums) with the zoo "
-                  "build's budget and corpus seed (see corpus)")
-    router, info = train_zoo_router(folder, seed)
-    info.update(source=origin, corpus=folder.name, data_checksums=_data_checksums(data, zoo_corpus),
-                built_with=f"draftwise zoo router --seed {seed}")
-    path = out or shipped_router_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_router(router, path, info)
-    return path, info
-
-
-def _data_checksums(data: str | None, zoo_corpus: str | None) -> str | None:
-    """sha256 of the datasets' SHA256SUMS file: names the exact data a router was trained from."""
-    import hashlib
-
-    if zoo_corpus:
-        return None
-    sums = resolve_data_dir(data) / "SHA256SUMS"
-    return hashlib.sha256(sums.read_bytes()).hexdigest() if sums.is_file() else None
-
-
-def labelled_prompts(path: str) -> tuple[list[str], list[str]]:
-    """Router training file: JSONL with ``prompt`` and ``drafter`` (or ``domain``) on each line."""
-    p = Path(path)
-    if not p.is_file():
-        raise DraftwiseError(f"router training file {p} not found (JSONL: prompt + drafter or domain per line)")
-    texts, labels = [], []
-    for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            texts.append(str(obj["prompt"]))
-            labels.append(str(obj.get("drafter") or obj["domain"]))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise DraftwiseError(f"{p}, line {number}: expected a JSON object with 'prompt' and 'drafter' or "
-                                 "'domain'") from None
-    if not texts:
-        raise DraftwiseError(f"router training file {p} is empty")
-    return texts, labels
-
-
 # ----------------------------------------------------------------------------- shards
 
 
@@ -416,7 +242,7 @@ def run_shard(shard: Shard, bench: Workbench | None = None) -> Iterator[dict]:
     """Rows of one shard's jobs: methods built once and warmed up untimed before their first timed run."""
     config = shard.config
     bench = bench or load_workbench(config, shard.router)
-    settings = config.settings()
+    settings = config.request()
     warmup = replace(settings, max_new_tokens=max(1, min(config.warmup_tokens, config.max_new_tokens)))
     methods: dict[str, Any] = {}
     repeat = shard.jobs[0].repeat if shard.jobs else 0
@@ -441,8 +267,6 @@ def start_cold(method: Any) -> None:
     """Drop the responses a method's suffix drafters stored: a timed run must not draft from the
     answer a warm-up or an earlier repeat gave to the same prompt (the store keeps answers to
     other prompts of the run, as a server's would)."""
-    from draftwise.drafters.suffix import forget_stored_answers  # torch: loaded by the shards that run models
-
     generators = [getattr(method, "generator", None), *getattr(method, "generators", {}).values()]
     for generator in generators:
         forget_stored_answers(getattr(generator, "drafters", ()))
@@ -467,8 +291,6 @@ def make_row(prompt: Prompt, job: Job, seed: int, worker: int, out: Any) -> dict
 
 def _process_main(shard: Shard, results: Any) -> None:
     """Entry point of a spawned worker: rows go back through the queue, errors as one message."""
-    import torch
-
     torch.set_num_threads(shard.config.threads)
     _quiet_transformers()
     try:
@@ -484,13 +306,8 @@ def _process_main(shard: Shard, results: Any) -> None:
 
 
 def _quiet_transformers() -> None:
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
-    except ImportError:
-        pass
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
 
 def rows_in_processes(shards: Sequence[Shard]) -> Iterator[dict]:
@@ -540,7 +357,7 @@ def _finished_rows(results: Any, wait_s: float = 0.5) -> Iterator[dict]:
 
 
 def rows_on_ray(shards: Sequence[Shard], address: str) -> Iterator[dict]:
-    try:
+    try:  # Ray is optional (the ray extra)
         import ray
     except ImportError:
         raise DraftwiseError("--ray needs Ray: pip install 'draftwise[ray]'") from None
@@ -557,8 +374,6 @@ def rows_on_ray(shards: Sequence[Shard], address: str) -> Iterator[dict]:
 
 
 def _ray_task(shard: Shard) -> tuple[str, Any]:
-    import torch
-
     torch.set_num_threads(shard.config.threads)
     _quiet_transformers()
     try:
@@ -581,8 +396,6 @@ class RunResult:
 
 def run_bench(config: BenchConfig, bench: Workbench | None = None) -> RunResult:
     """Run (or resume) a benchmark into ``config.out``; returns every row of the current plan."""
-    from draftwise.bench.report import environment
-
     validate(config)
     for spec in config.methods:
         check_method(spec)  # unknown names fail before any model loads
@@ -619,8 +432,6 @@ def _execute(config: BenchConfig, prompts: list[Prompt], ids: list[list[int]], j
              bench: Workbench, results_path: Path) -> int:
     if not jobs:
         return 0
-    from tqdm.auto import tqdm
-
     n_shards = config.workers if config.ray is None else max(config.workers, min(len(prompts), 4 * config.workers))
     shards = [Shard(config, prompts, ids, shard, router, worker=i)
               for i, shard in enumerate(shard_jobs(jobs, max(1, n_shards)))]
@@ -654,8 +465,6 @@ def make_out_folder(out: Path) -> None:
 def validate(config: BenchConfig) -> None:
     """Every option that needs no file or model, checked first (NaN fails every comparison, so
     each check states what is valid)."""
-    from draftwise.settings.request import SEED_LIMIT
-
     out = Path(config.out)
     checks = [
         (not out.exists() or out.is_dir(), f"--out {out} is a file; give a folder (new, or one to resume)"),

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from draftwise.bench.config import DEFAULT_METHODS, DEFAULT_POOL, DEFAULT_TARGET, BenchConfig
 from draftwise.bench.datasets import PROMPT_SETS, ZOO_PER_DOMAIN
-from draftwise.bench.runner import DEFAULT_METHODS, DEFAULT_POOL, DEFAULT_TARGET, BenchConfig
 from draftwise.cli.generate import add_sampling_option
+from draftwise.errors import DraftwiseError
 from draftwise.models.defaults import default_drafters
 
 MISMATCH_EXIT = 1
@@ -89,6 +91,7 @@ def register(subparsers: Any) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    # the engine loads torch and transformers (seconds): imported when the command runs, not for its parser
     from draftwise.bench.methods import split_methods
 
     methods = [m for text in (args.methods or [",".join(DEFAULT_METHODS)]) for m in split_methods(text)]
@@ -105,6 +108,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the engine loads torch and transformers (seconds): imported when the command runs, not for its parser
     import torch
 
     from draftwise.bench.report import total_mismatches, write_reports
@@ -139,8 +143,6 @@ def run(args: argparse.Namespace) -> int:
 
 def parse_sizes(text: str) -> list[int]:
     """``"1,4,16"`` → [1, 4, 16] (one clear error otherwise)."""
-    from draftwise.errors import DraftwiseError
-
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -151,13 +153,12 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def run_batched_cli(config: BenchConfig, args: argparse.Namespace) -> int:
+    # the engine loads torch and transformers (seconds): imported when the command runs, not for its parser
     from draftwise.bench.batched import SUMMARY, run_batched
 
     sizes = parse_sizes(args.batch_size)
     methods = config.methods if args.methods else ("ar", "hf-ar", "default", "length:2", "length:4", "length:8",
                                                    "banditspec-length")
-    from dataclasses import replace
-
     try:
         summary = run_batched(replace(config, methods=tuple(methods)), sizes, args.length_drafter)
     except KeyboardInterrupt:

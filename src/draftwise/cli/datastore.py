@@ -9,7 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from tqdm.auto import tqdm
+
 from draftwise.errors import DraftwiseError
+from draftwise.retrieval.corpora import encode_documents, read_corpus
+from draftwise.retrieval.datastore import Datastore
 
 DEFAULT_TOKENIZER = "zoo:target"
 DEFAULT_MAX_TOKENS = 10_000_000  # 80 MB on disk (int32 stream + int32 suffix array)
@@ -52,8 +57,6 @@ def run(args: argparse.Namespace) -> int:
     if args.datastore_action == "build":
         return _build(args)
     if args.datastore_action == "info":
-        from draftwise.retrieval.datastore import Datastore
-
         store = Datastore.load(args.store)
         print(json.dumps({**store.meta, "bytes": store.nbytes}, indent=2))
         return 0
@@ -63,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
 def load_tokenizer(name: str) -> Any:
     """The tokenizer of a model folder, hub id or ``zoo:NAME``."""
+    # the engine loads torch and transformers (seconds): imported when the command runs, not for its parser
     from transformers import AutoTokenizer
 
     from draftwise.models.loading import resolve_model_path
@@ -78,12 +82,6 @@ def load_tokenizer(name: str) -> Any:
 
 
 def _build(args: argparse.Namespace) -> int:
-    import numpy as np
-    from tqdm.auto import tqdm
-
-    from draftwise.retrieval.corpora import encode_documents, read_corpus
-    from draftwise.retrieval.datastore import Datastore
-
     if args.max_tokens is not None and args.max_tokens < 1:
         raise DraftwiseError(f"--max-tokens must be ≥ 1, got {args.max_tokens}")
     out = Path(args.out).expanduser()

@@ -11,6 +11,7 @@ from typing import Any
 
 from draftwise.errors import DraftwiseError
 from draftwise.models.defaults import DEFAULT_TARGET, default_drafters
+from draftwise.request import Request, check_seed
 
 
 def register(subparsers: Any) -> None:
@@ -90,38 +91,37 @@ def add_sampling_option(p: argparse.ArgumentParser) -> None:
 def load_generator(args: argparse.Namespace) -> Any:
     """The :class:`~draftwise.api.Generator` that :func:`add_model_options`' options describe (the zoo
     target and its whole pool by default). Set ``--threads`` first; check everything else before."""
-    from draftwise.api import DEFAULT_POLICY, Generator
+    # the engine loads torch (seconds): only a command that generates imports it
+    import torch
 
+    from draftwise.api import DEFAULT_POLICY, Generator, Setup
+
+    setup = Setup.parse(args.policy or DEFAULT_POLICY, draft_len=args.draft_len, arms=args.arms,
+                        max_draft=args.max_draft, stops=args.stops.split(",") if args.stops else None,
+                        arm_drafter=args.arm_drafter)
     if args.threads is not None:
         if args.threads < 1:
             raise DraftwiseError(f"--threads must be ≥ 1, got {args.threads}")
-        import torch
-
         torch.set_num_threads(args.threads)
     target = args.target or DEFAULT_TARGET
     drafters = args.drafter if args.drafter is not None else list(default_drafters(target))
     return Generator.from_pretrained(
-        target, drafters, policy=args.policy or DEFAULT_POLICY, draft_len=args.draft_len,
-        device=args.device, dtype=args.dtype, seed=0 if args.seed is None else args.seed, chat=args.chat,
-        arms=args.arms,
-        max_draft=args.max_draft, stops=args.stops.split(",") if args.stops else None, arm_drafter=args.arm_drafter,
-        drafter_head_dtype=args.drafter_head_dtype, sampling=args.sampling,
+        target, drafters, device=args.device, dtype=args.dtype, seed=0 if args.seed is None else args.seed,
+        chat=args.chat, setup=setup, drafter_head_dtype=args.drafter_head_dtype, sampling=args.sampling,
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftwise.settings.request import check_generate_args, check_seed
-
     # Everything the user typed is checked before the models load (seconds) and before generating.
     prompt = read_prompt(args.prompt)
     check_seed(args.seed, "--seed")
-    check_generate_args(args.max_new_tokens, args.temperature, args.top_k, args.top_p, None)
+    request = Request(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                      top_p=args.top_p, seed=args.seed, stop=args.stop or (), ignore_eos=args.ignore_eos,
+                      truncate=args.truncate)
     if args.trace:
         check_output_file(args.trace, "--trace")
     gen = load_generator(args)
-    result = gen.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop,
-                          ignore_eos=args.ignore_eos, truncate=args.truncate)
+    result = gen.generate(prompt, request)
     if args.json:
         out = result.to_dict()
         keys = ("new_tokens", "rounds", "target_calls", "mat", "acceptance_rate", "tokens_per_s", "wall_s", "pulls",

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from draftwise.policies import POLICIES, PRESETS, policy_options
+from draftwise.policies.feedback import LOSSES, SIGNALS
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -16,11 +19,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the engine loads torch and transformers (seconds): imported when the command runs, not for its parser
     from draftwise.api import DEFAULT_POLICY
     from draftwise.decision.arms import LAYOUTS
     from draftwise.drafters import STOP_RULES
-    from draftwise.policies import POLICIES, PRESETS, policy_options
-    from draftwise.policies.feedback import LOSSES, SIGNALS
 
     for name, factory in POLICIES.items():
         summary = getattr(factory, "summary", "") or (factory.__doc__ or "").strip().splitlines()[0]

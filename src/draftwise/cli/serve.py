@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 from draftwise.cli.generate import add_model_options, check_output_file, load_generator
 from draftwise.errors import DraftwiseError
 from draftwise.models.defaults import DEFAULT_TARGET
+from draftwise.request import check_seed
+from draftwise.serve.security import Access
 
 
 def register(subparsers: Any) -> None:
@@ -65,8 +67,6 @@ DEFAULT_MAX_BODY_MB = 4.0
 def check_access_options(args: argparse.Namespace) -> Any:
     """The :class:`~draftwise.serve.security.Access` the options ask for (the key from the environment when
     not given); one clear error for a value that cannot work."""
-    from draftwise.serve.security import Access
-
     key = args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
     source = "--api-key" if args.api_key is not None else f"${API_KEY_ENV}"
     if key is not None and (not key.strip() or any(c.isspace() for c in key) or not key.isprintable()):
@@ -92,9 +92,9 @@ def _is_loopback(host: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the server needs the serve extra (Starlette, uvicorn) and the engine (torch): loaded to serve only
     from draftwise.api import DEFAULT_POLICY
     from draftwise.models.loading import freeze_loaded_objects
-    from draftwise.settings.request import check_seed
 
     # Everything the user typed is checked before the models load.
     if args.seed is not None:
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         raise DraftwiseError(f"--max-batch must be ≥ 1, got {args.max_batch}")
     if args.queue_size < 0:
         raise DraftwiseError(f"--queue-size must be ≥ 0, got {args.queue_size}")
-    try:
+    try:  # the serve extra (Starlette, uvicorn) is optional
         import uvicorn
 
         from draftwise.serve.app import ServeSettings, Service, create_app

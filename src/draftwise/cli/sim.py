@@ -9,6 +9,9 @@ import math
 from typing import Any
 
 from draftwise.errors import DraftwiseError
+from draftwise.request import SEED_LIMIT
+from draftwise.sim.runner import simulate
+from draftwise.sim.scenarios import SCENARIOS, get_scenario
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -55,9 +58,6 @@ def split_policies(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftwise.sim.runner import simulate
-    from draftwise.sim.scenarios import SCENARIOS, get_scenario
-
     if args.list:
         for name in SCENARIOS:
             scenario = get_scenario(name)
@@ -83,8 +83,6 @@ def run(args: argparse.Namespace) -> int:
 
 def check_numbers(args: argparse.Namespace) -> None:
     """Each numeric option states what is valid (written as "ok" tests: NaN fails every comparison)."""
-    from draftwise.settings.request import SEED_LIMIT
-
     checks = [
         (args.seeds >= 1, f"--seeds must be ≥ 1, got {args.seeds}"),
         (args.first_seed >= 0 and args.first_seed + args.seeds <= SEED_LIMIT,

@@ -8,7 +8,12 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from draftwise.bench.datasets import resolve_data_dir
+from draftwise.errors import DraftwiseError
+from draftwise.models.named_models import NAMED_MODELS
 from draftwise.registry import Registry
+from draftwise.request import check_seed
+from draftwise.zoo.load import zoo_entries
 
 Action = Callable[[argparse.Namespace], int]
 ACTIONS: Registry[Action] = Registry("zoo command")
@@ -20,8 +25,6 @@ def action(name: str) -> Callable[[Action], Action]:
 
 @action("list")
 def list_action(args: argparse.Namespace) -> int:
-    from draftwise.zoo.load import zoo_entries
-
     entries = zoo_entries(Path(args.models) if args.models else None)
     if args.json:
         print(json.dumps([e.__dict__ for e in entries], indent=2))
@@ -45,6 +48,7 @@ def add_log_file(path: str | None) -> None:
 
 @action("build")
 def build_action(args: argparse.Namespace) -> int:
+    # training and the models load torch and transformers (seconds): only the subcommand that runs them
     from draftwise.training.build import run_build
 
     add_log_file(args.log)
@@ -57,6 +61,7 @@ def build_action(args: argparse.Namespace) -> int:
 
 @action("install")
 def install_action(args: argparse.Namespace) -> int:
+    # training and the models load torch and transformers (seconds): only the subcommand that runs them
     from draftwise.training.install import install_zoo
 
     installed = install_zoo(Path(args.build), Path(args.to) if args.to else None)
@@ -66,6 +71,7 @@ def install_action(args: argparse.Namespace) -> int:
 
 @action("eval")
 def eval_action(args: argparse.Namespace) -> int:
+    # training and the models load torch and transformers (seconds): only the subcommand that runs them
     from draftwise.training.evaluate import evaluate_zoo, format_table
 
     add_log_file(args.log)
@@ -81,6 +87,7 @@ def eval_action(args: argparse.Namespace) -> int:
 
 @action("heads")
 def heads_action(args: argparse.Namespace) -> int:
+    # training and the models load torch and transformers (seconds): only the subcommand that runs them
     from draftwise.models.loading import LoadOptions, load_causal_lm
     from draftwise.training.heads import HEADS_BUDGETS, corpus_streams, install_heads, run_heads
 
@@ -89,8 +96,6 @@ def heads_action(args: argparse.Namespace) -> int:
     data = data_dir(args)  # before loading anything: a missing folder is one clear error now
     target, tokenizer = load_causal_lm(args.target, LoadOptions())
     if tokenizer is None:
-        from draftwise.errors import DraftwiseError
-
         raise DraftwiseError(f"zoo heads: target {args.target!r} has no tokenizer to encode the corpus")
     heads = run_heads(target, args.target, lambda: corpus_streams(data, tokenizer, budget.corpus_budget),
                       Path(args.out), budget.name, progress=not args.quiet, threads=args.threads)
@@ -103,9 +108,8 @@ def heads_action(args: argparse.Namespace) -> int:
 
 @action("path")
 def path_action(args: argparse.Namespace) -> int:
-    from draftwise.errors import DraftwiseError
+    # training and the models load torch and transformers (seconds): only the subcommand that runs them
     from draftwise.models.loading import resolve_model_path
-    from draftwise.models.named_models import NAMED_MODELS
 
     folder = resolve_model_path(args.name)  # a named model is fetched first when it is not cached
     if not Path(folder).is_dir():
@@ -117,6 +121,7 @@ def path_action(args: argparse.Namespace) -> int:
 
 @action("distill")
 def distill_action(args: argparse.Namespace) -> int:
+    # training and the models load torch and transformers (seconds): only the subcommand that runs them
     from draftwise.training.distill import run_distill
     from draftwise.training.labels import LabelPlan
 
@@ -134,8 +139,8 @@ def distill_action(args: argparse.Namespace) -> int:
 
 @action("router")
 def router_action(args: argparse.Namespace) -> int:
-    from draftwise.bench.runner import build_router_file
-    from draftwise.settings.request import check_seed
+    # training and the models load torch and transformers (seconds): only the subcommand that runs them
+    from draftwise.bench.router_training import build_router_file
 
     seed = check_seed(args.seed, "--seed")
     path, info = build_router_file(args.data, args.zoo_corpus, seed, Path(args.out) if args.out else None)
@@ -146,8 +151,6 @@ def router_action(args: argparse.Namespace) -> int:
 
 def data_dir(args: argparse.Namespace) -> Path:
     """--data, else $DRAFTWISE_DATA, else ../shared/data beside the source checkout (not the cwd)."""
-    from draftwise.bench.datasets import resolve_data_dir
-
     return resolve_data_dir(args.data)
 
 

@@ -31,9 +31,9 @@ import numpy as np
 from draftwise.decision.arms import Arm, lookups_among, model_arms
 from draftwise.decision.step_costs import CutRound, StepCostModel, cut_round, load_bucket, model_draft_cap
 from draftwise.drafters import Drafter
-from draftwise.policies import Policy, make_policy
-from draftwise.policies.base import replay
-from draftwise.policies.contextual import contextual_spec
+from draftwise.policies import Policy, PolicySpec, make_policy, parse_policy
+from draftwise.policies.base import policy_options, replay
+from draftwise.policies.contextual import watch_lookups
 from draftwise.trace import RoundRecord
 
 Key = tuple[Hashable, ...] | None  # a contextual learner's context (None: the learner has none)
@@ -87,10 +87,20 @@ def arm_book(arms: Sequence[Arm], drafters: Sequence[Drafter], watch: Sequence[s
         lookups_only=all(a.drafter is None or a.drafter in watched for a in arms))
 
 
-def make_learner(spec: str, arms: Sequence[Arm], drafters: Sequence[Drafter], rng: np.random.Generator) -> Policy:
+def make_learner(spec: str | PolicySpec, arms: Sequence[Arm], drafters: Sequence[Drafter],
+                 rng: np.random.Generator) -> Policy:
     """The learner ``spec`` names, over ``arms`` (``ctx-ucb`` watching the lookups among them:
-    :func:`~draftwise.policies.contextual.contextual_spec`)."""
-    return make_policy(contextual_spec(spec, lookups_among(arms, drafters)), [a.name for a in arms], rng)
+    :func:`~draftwise.policies.contextual.watch_lookups`)."""
+    return make_policy(watch_lookups(parse_policy(spec), lookups_among(arms, drafters)), [a.name for a in arms], rng)
+
+
+def length_learner(spec: str | PolicySpec, lengths: Sequence[int], rng: np.random.Generator) -> Policy:
+    """One learner over draft lengths for a whole batch (BanditSpec §6.2), its arms ``len@N``; a learner
+    whose loss is scaled by the longest draft (``max_draft``) is told the longest of ``lengths``."""
+    parsed = parse_policy(spec)
+    if "max_draft" in policy_options(parsed.name):
+        parsed = parsed.with_defaults(max_draft=max(lengths))
+    return make_policy(parsed, [f"len@{n}" for n in lengths], rng)
 
 
 # -- what the load allows ----------------------------------------------------------------------------
@@ -160,10 +170,12 @@ class QueryDecider:
     heard, for :func:`warm_start` (a query learning on a copy of a shared learner).
     """
 
-    def __init__(self, book: ArmBook, policy: Policy, *, keep_rounds: bool = False, hear_idle: bool = True) -> None:
+    def __init__(self, book: ArmBook, policy: Policy, *, rng: np.random.Generator | None = None,
+                 keep_rounds: bool = False, hear_idle: bool = True) -> None:
         self.book, self.policy, self.hear_idle = book, policy, hear_idle
+        self.full_information = policy.needs.full_information
         self.history: list[Heard] | None = [] if keep_rounds else None
-        policy.begin_query()
+        policy.begin_query(rng)
 
     def choose(self, proposed: Sequence[int], position: int, limits: Limits = NO_LIMITS, imposed: int | None = None,
                load: int | None = None) -> Choice | None:
@@ -180,24 +192,13 @@ class QueryDecider:
             if load is not None:
                 key = (*key, load_bucket(load))
             self.policy.set_context(key)
-        arm = imposed if imposed is not None else self._select(limits.blocked)
+        arm = imposed if imposed is not None else self.policy.select_unblocked(limits.blocked)
         if arm in limits.blocked:
             if self.book.none is not None:
                 arm = self.book.none
             elif not self.hear_idle:
                 return None
         return Choice(arm, key)
-
-    def _select(self, blocked: frozenset[int]) -> int:
-        """The learner's arm, told for this one selection which arms are blocked."""
-        policy = self.policy
-        if not blocked:
-            return policy.select()
-        policy.blocked = blocked
-        try:
-            return policy.select()
-        finally:
-            del policy.blocked
 
     def learn(self, choice: Choice, record: RoundRecord) -> float | None:
         """The played round's outcome. A bandit learner hears it now (the reward comes back and is
@@ -207,7 +208,7 @@ class QueryDecider:
             # a copy: a driver may charge the record later (round 1's prompt prefill), which the
             # learner never heard and a replay must not either
             self.history.append((choice.key, choice.arm, record.snapshot()))
-        if self.policy.full_information:
+        if self.full_information:
             return None
         record.reward = self.policy.update(choice.arm, record)
         return record.reward
@@ -218,7 +219,7 @@ class QueryDecider:
         unit). Learners then compare every drafting arm with an exact ``none`` from the first rounds
         instead of paying to find it; the counterfactual joins the history like a played round."""
         none = self.book.none
-        if none is None or none == choice.arm or self.policy.full_information:
+        if none is None or none == choice.arm or self.full_information:
             return
         plain = RoundRecord(index=record.index, arm=none, arm_name=self.book.names[none], max_draft=0, drafted=0,
                             accepted=0, emitted=1, position=record.position, verify_s=seconds)
@@ -231,9 +232,7 @@ class QueryDecider:
 def copy_learner(shared: Policy, rng: np.random.Generator) -> Policy:
     """A query's own learner where queries run at once (a batch's lanes, vLLM's requests): a copy of
     the shared one — what the queries before taught it — drawing from its own generator."""
-    policy = copy.deepcopy(shared)
-    policy.rng = rng
-    return policy
+    return shared.clone(rng)
 
 
 def warm_start(shared: Policy, decider: QueryDecider) -> None:

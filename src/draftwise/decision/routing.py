@@ -108,6 +108,14 @@ def best_fit(candidates: Sequence[int], rates: dict[int, float], memory: RouteMe
     return max(candidates, key=lambda i: rates.get(i, 0.0) + (memory.offset(i) if memory is not None else 0.0))
 
 
+def routed_drafter(drafters: Sequence[Drafter], arm: Arm, prompt: Sequence[int], fit: PromptFit = PromptFit()) -> int:
+    """A routed arm's drafter for one query, from its prompt alone: the candidate with the best top-1 fit
+    (ties and prompts too short to judge: the first); an arm that is not routed keeps its drafter (-1: none)."""
+    if not arm.route:
+        return arm.drafter if arm.drafter is not None else -1
+    return best_fit(arm.route, fit.rates(drafters, prompt, arm.route, DraftContext()))
+
+
 def route(fit: PromptFit, drafters: Sequence[Drafter], arms: Sequence[Arm], prompt: Sequence[int],
           which: Sequence[int], arm_drafter: list[int | None], dctx: DraftContext,
           memory: RouteMemory | None = None) -> dict[int, float]:
@@ -144,13 +152,14 @@ def prompt_prior(fit: PromptFit, drafters: Sequence[Drafter], arms: Sequence[Arm
     if not rates:
         return
     fit_per_arm = [0.0 if d is None else rates[d] for d in arm_drafter]  # no speculation fits nothing
-    if policy.full_information:
+    needs = policy.needs
+    if needs.full_information:
         values = fit_per_arm
     else:
-        converted = [reward_from_acceptance(fit, policy.reward, max(arm.draft_len, 1))
+        converted = [reward_from_acceptance(fit, needs.reward, max(arm.draft_len, 1))
                      for fit, arm in zip(fit_per_arm, arms)]
         if any(v is None for v in converted):
-            log.info("prompt prior: no acceptance model for reward %r; skipped", policy.reward)
+            log.info("prompt prior: no acceptance model for reward %r; skipped", needs.reward)
             return
         values = [float(v) for v in converted if v is not None]
-    policy.set_prior(values, policy.prompt_prior)
+    policy.set_prior(values, needs.prompt_prior)

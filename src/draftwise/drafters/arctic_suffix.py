@@ -32,7 +32,7 @@ INSTALL = ("pip install nanobind==2.9.2 grpcio-tools==1.85.1 && nanobind_DIR=$(p
 
 def arctic_available() -> bool:
     """Whether ``arctic_inference``'s suffix trees import here."""
-    try:
+    try:  # arctic-inference is optional (installed beside vLLM)
         from arctic_inference.suffix_decoding import SuffixDecodingCache  # noqa: F401
     except ImportError:
         return False
@@ -56,7 +56,7 @@ class ArcticSuffixDrafter(Drafter):
             raise DraftwiseError("arctic-suffix: need depth ≥ 2, factor > 0, 0 ≤ min_prob ≤ 1, cached_requests ≥ 0 "
                                  f"(got depth={depth}, factor={factor}, min_prob={min_prob}, "
                                  f"cached_requests={cached_requests})")
-        try:
+        try:  # optional, as above
             from arctic_inference.suffix_decoding import SuffixDecodingCache
         except ImportError:
             raise DraftwiseError("drafter arctic-suffix needs the arctic-inference package, which is not installed; "

@@ -152,7 +152,7 @@ class BatchEngine:
         # ones kept the cost unknown on an H200, and lanes went on trying model arms at 32 rows
         # (0.84× plain decoding; 1.17× once measured). Under load they are blocked for every lane
         # (``_limits``).
-        self.book = arm_book(self.arms, self.pool.templates, policy.context_on)
+        self.book = arm_book(self.arms, self.pool.templates, policy.needs.context_on)
         self.mean_model_cost = True  # off: the median of recent plays, which leaves first plays out (A/B switch)
         self.longest_draft = self.book.longest
         self.fast_drafters = fast_drafters
@@ -205,7 +205,7 @@ class BatchEngine:
             if self.fast_drafters:
                 attach_banks(drafters, self.head_dtype)
             engine = Engine(row, drafters, self.arms, self._lane_policy(seed), self.prompt_fit, self.routes,
-                            keep_rounds=self.decide == "query" and self.policy.keep)
+                            keep_rounds=self.decide == "query" and self.policy.needs.keep)
             engine.noise_screen = self.noise_screen  # one screen learns from every lane
             query, prefill_s, setup_s = engine.start(prompt, settings, generator)
         except BaseException:

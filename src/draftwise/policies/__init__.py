@@ -16,6 +16,17 @@ from draftwise.policies import (  # noqa: F401  (registration side effects)
     ucb,
     ucb_family,
 )
-from draftwise.policies.base import POLICIES, PRESETS, Policy, make_policy, policy_options, register_policy
+from draftwise.policies.base import (
+    POLICIES,
+    PRESETS,
+    Policy,
+    PolicyNeeds,
+    PolicySpec,
+    make_policy,
+    parse_policy,
+    policy_options,
+    register_policy,
+)
 
-__all__ = ["POLICIES", "PRESETS", "Policy", "make_policy", "policy_options", "register_policy"]
+__all__ = ["POLICIES", "PRESETS", "Policy", "PolicyNeeds", "PolicySpec", "make_policy", "parse_policy",
+           "policy_options", "register_policy"]

@@ -20,9 +20,11 @@ Every random choice goes through the injected ``numpy.random.Generator``.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -32,6 +34,20 @@ from draftwise.options import keyword_defaults, split_spec, typed_options
 from draftwise.policies.feedback import signal
 from draftwise.registry import Registry
 from draftwise.trace import RoundRecord
+
+
+@dataclass(frozen=True)
+class PolicyNeeds:
+    """What a learner asks of the rounds that drive it, declared in one place: the engine, the batched
+    engine and the vLLM proposer read this record, never the learner's other members."""
+
+    full_information: bool = False  # every arm scored each round (the evaluation phase), no bandit reward
+    hears_plain: bool = False  # told, every drafted round, what ``none`` would have earned
+    context_on: tuple[str, ...] = ()  # the drafters whose having a proposal is the round's context
+    keep: bool = False  # learns across queries: a query on a copy has its rounds replayed into it
+    prompt_prior: float = 0.0  # > 0: warm-started from how well each drafter predicts the prompt
+    supports_prior: bool = False  # takes a warm-start prior
+    reward: str = "bd"  # the feedback signal its reward comes from
 
 
 class Policy(ABC):
@@ -93,8 +109,18 @@ class Policy(ABC):
         self._apply_prior()
 
     # -- lifecycle -------------------------------------------------------------------------
-    def begin_query(self) -> None:
-        """Called before each query: reset (default), or keep the state shrunk by ``decay``."""
+    @property
+    def needs(self) -> PolicyNeeds:
+        """What this learner asks of the rounds (:class:`PolicyNeeds`)."""
+        return PolicyNeeds(full_information=self.full_information, hears_plain=self.hears_plain,
+                           context_on=tuple(self.context_on), keep=self.keep, prompt_prior=self.prompt_prior,
+                           supports_prior=self.supports_prior, reward=self.reward)
+
+    def begin_query(self, rng: np.random.Generator | None = None) -> None:
+        """Called before each query: reset (default), or keep the state shrunk by ``decay``. ``rng``: the
+        generator the query's random choices draw from (a query's own seed), else the one it has."""
+        if rng is not None:
+            self.rng = rng
         if self.keep and self.queries > 0:
             self.decay_state(self.decay)
         else:
@@ -102,6 +128,12 @@ class Policy(ABC):
             self._apply_prior()
         self.start_query()
         self.queries += 1
+
+    def clone(self, rng: np.random.Generator) -> Policy:
+        """A copy of this learner — everything it learned — whose random choices draw from ``rng``."""
+        twin = copy.deepcopy(self)
+        twin.rng = rng
+        return twin
 
     @abstractmethod
     def reset(self) -> None:
@@ -154,6 +186,17 @@ class Policy(ABC):
     def select(self) -> int:
         """The arm to play this round."""
 
+    def select_unblocked(self, blocked: frozenset[int]) -> int:
+        """The arm to play this round, told which arms this round cannot afford: a learner that knows
+        how (:attr:`blocked`) skips them; the others choose as always."""
+        if not blocked:
+            return self.select()
+        self.blocked = blocked
+        try:
+            return self.select()
+        finally:
+            del self.blocked
+
     def update(self, arm: int, record: RoundRecord) -> float | None:
         """Learn from a finished round; returns the reward used (for the trace)."""
         reward = self._signal(record)
@@ -197,6 +240,12 @@ class Policy(ABC):
     def state_dict(self) -> dict[str, Any]:
         """A JSON-friendly snapshot of the learner's state."""
         return {"policy": type(self).__name__, "arms": self.arms, "reward": self.reward}
+
+    def take_learned(self, other: Policy) -> None:
+        """Take everything ``other`` — a learner of this class over these arms (a saved state, restored)
+        — learned: its :attr:`learned` attributes; the configuration stays this learner's own."""
+        for name in learned_attributes(self):
+            setattr(self, name, getattr(other, name))
 
     def state_examples(self) -> dict[str, list[Any]]:
         """For a :attr:`learned` attribute whose fresh value does not show what it may hold (None, or an
@@ -301,16 +350,56 @@ def parse_prior(text: str, arms: Sequence[str]) -> np.ndarray:
     return np.array(values)
 
 
-def make_policy(spec: str, arms: Sequence[str], rng: np.random.Generator) -> Policy:
-    """Build a policy from a spec such as ``"ucb"``, ``"ucb:beta=0.1,reward=be"`` or ``"fixed:pld"``."""
+@dataclass(frozen=True)
+class PolicySpec:
+    """A policy spec parsed once: ``"ucb:beta=0.1"`` → the registered policy that runs, its typed options.
+
+    A preset (``hedgespec``, …) resolves to its underlying policy with the preset's options under the
+    user's; ``preset`` keeps it for its arm layout and draft budgets. ``text`` is the spec as written
+    (logs, saved learner states).
+    """
+
+    text: str
+    name: str  # the registered policy class or factory
+    options: Mapping[str, Any] = field(default_factory=dict)  # typed: what the spec (and its preset) set
+    preset: Any = None  # the preset (draftwise.policies.presets.Preset) it names, if any
+
+    @property
+    def default_arms(self) -> str | None:
+        """The arm layout this policy plays unless told otherwise: its preset's, else its class's."""
+        if self.preset is not None:
+            return str(self.preset.arms)
+        return getattr(POLICIES.get(self.name), "default_arms", None)
+
+    def with_defaults(self, **options: Any) -> PolicySpec:
+        """The spec with ``options`` filled in where it sets none of them (checked like the spec's own)."""
+        known = policy_options(self.name)
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise DraftwiseError(f"policy {self.name!r} takes no option {unknown[0]!r}")
+        return replace(self, options={**options, **self.options})
+
+
+def parse_policy(spec: str | PolicySpec) -> PolicySpec:
+    """``"ucb"``, ``"ucb:beta=0.1,reward=be"``, ``"fixed:pld"`` or a preset → a :class:`PolicySpec`
+    (an unknown name or option raises one clear error)."""
+    if isinstance(spec, PolicySpec):
+        return spec
     name, raw = _split_policy_spec(spec)
     defaults = policy_options(_known(name))
     options = typed_options(f"policy {name!r}", raw, defaults)
     if name in PRESETS and name not in POLICIES:  # a preset: its options, then the user's overrides
         preset = PRESETS.get(name)
-        name = preset.policy
         options = {**typed_options(f"preset {spec!r}", preset.options, defaults), **options}
-    return POLICIES.get(name)(arms, rng, **options)
+        return PolicySpec(spec, preset.policy, options, preset)
+    return PolicySpec(spec, name, options)
+
+
+def make_policy(spec: str | PolicySpec, arms: Sequence[str], rng: np.random.Generator) -> Policy:
+    """Build a policy from a spec such as ``"ucb"``, ``"ucb:beta=0.1,reward=be"`` or ``"fixed:pld"``
+    (or one parsed already)."""
+    parsed = parse_policy(spec)
+    return POLICIES.get(parsed.name)(arms, rng, **parsed.options)
 
 
 def _known(name: str) -> str:

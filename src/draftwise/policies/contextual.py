@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from draftwise.errors import DraftwiseError
-from draftwise.policies.base import register_policy
+from draftwise.policies.base import PolicySpec, register_policy
 from draftwise.policies.ucb import UCBPolicy
 
 Context = tuple[Hashable, ...] | None
@@ -50,10 +50,20 @@ NONE = "none"  # the no-speculation arm (draftwise.decision.arms.NONE, not impor
 FALLBACKS = ("none", "model")  # what the rule prior leads with where no lookup proposes
 
 
-def contextual_spec(policy: str, lookups: Sequence[str]) -> str:
+def watch_lookups(spec: PolicySpec, lookups: Sequence[str]) -> PolicySpec:
     """``ctx-ucb`` without ``on=`` judges its context by the lookup drafters among its arms (the
     cascade's one lookup, each lookup of an explicit list): its rule prior leads with the arm whose
     lookup proposes, so the context must watch exactly those. Other policies are left as they are."""
+    if spec.name != "ctx-ucb" or "on" in spec.options or not lookups:
+        return spec
+    return spec.with_defaults(on="+".join(dict.fromkeys(lookups)))
+
+
+def contextual_spec(policy: str, lookups: Sequence[str]) -> str:
+    """``ctx-ucb`` without ``on=`` judges its context by the lookup drafters among its arms (the
+    cascade's one lookup, each lookup of an explicit list): its rule prior leads with the arm whose
+    lookup proposes, so the context must watch exactly those. Other policies are left as they are.
+    (:func:`watch_lookups` on a parsed spec; this is the same written as a spec string.)"""
     name, _, options = policy.partition(":")
     if name != "ctx-ucb" or "on=" in options or not lookups:
         return policy

@@ -47,8 +47,8 @@ class HierarchicalPolicy(Policy):
         self.inner = [make_policy(self.inner_spec, [self.arms[i] for i in m], self.rng) for m in self.members]
         self.last: tuple[int, int] | None = None
 
-    def begin_query(self) -> None:
-        super().begin_query()
+    def begin_query(self, rng: np.random.Generator | None = None) -> None:
+        super().begin_query(rng)
         for learner in (self.outer, *self.inner):
             learner.rng = self.rng
             learner.begin_query()

@@ -22,7 +22,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -36,6 +36,8 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from draftwise.errors import DraftwiseError
+from draftwise.request import Request as GenerationRequest  # starlette's Request is the HTTP one
+from draftwise.request import check_prompt_text
 from draftwise.serve.metrics import ServeMetrics
 from draftwise.serve.protocol import (
     DEFAULT_COMPLETION_TOKENS,
@@ -58,7 +60,6 @@ from draftwise.serve.protocol import (
 )
 from draftwise.serve.scheduler import Cancelled, Done, Failed, Job, Overloaded, Scheduler, Ticket, Tokens
 from draftwise.serve.security import Access, Guard
-from draftwise.settings.request import check_generate_args, check_prompt_text
 
 log = logging.getLogger(__name__)
 
@@ -214,15 +215,15 @@ class Service:
             else:
                 max_tokens = DEFAULT_COMPLETION_TOKENS
         check_context(len(prompt_ids), max_tokens, context, param)
-        try:
-            check_generate_args(max_tokens, request.temperature, request.top_k, request.top_p, request.seed)
-        except DraftwiseError as error:
-            raise bad_request(str(error)) from None
         seed = request.seed
         if seed is None:
             seed = self.settings.seed if self.settings.seed is not None else fresh_seed()
-        return Job(prompt_ids, max_tokens, temperature=request.temperature, top_k=request.top_k,
-                   top_p=request.top_p, seed=seed, stop=request.stop, ignore_eos=request.ignore_eos)
+        try:
+            checked = GenerationRequest(max_tokens, request.temperature, request.top_k, request.top_p, request.seed,
+                                        request.stop, request.ignore_eos)
+        except DraftwiseError as error:
+            raise bad_request(str(error)) from None
+        return Job(prompt_ids, replace(checked, seed=seed))
 
     def completion(self, result: Any, stops: tuple[str, ...]) -> tuple[str, int]:
         """The text a response returns (cut at a stop string) and the tokens it is made of."""
@@ -243,7 +244,8 @@ class Service:
         async with self._probing:
             if self.scheduler.problem is None:  # another check's probe succeeded meanwhile
                 return None
-            job = Job([min(getattr(self.generator, "eos_ids", ()), default=0)], 1, ignore_eos=True, probe=True)
+            job = Job([min(getattr(self.generator, "eos_ids", ()), default=0)], GenerationRequest(1, ignore_eos=True),
+                      probe=True)
             ticket = Ticket(job, self.scheduler)
             try:
                 self.scheduler.submit(job)
@@ -311,7 +313,7 @@ def create_app(service: Service) -> Starlette:
                     text, generated = service.completion(result, checked.stop)
                     return JSONResponse(reply.full(text, finish_reason(result.stats.stopped_by),
                                                    usage(prompt_tokens, generated),
-                                                   speculative(result.stats, service.policy), ticket.job.seed))
+                                                   speculative(result.stats, service.policy), ticket.job.request.seed))
                 if isinstance(event, Failed):
                     return error_response(failure(event))
                 if isinstance(event, Cancelled):
@@ -337,7 +339,7 @@ def create_app(service: Service) -> Starlette:
                     result = event.result
                     yield sse(reply.chunk(text.finish(result.text),
                                           finish_reason=finish_reason(result.stats.stopped_by),
-                                          spec=speculative(result.stats, service.policy), seed=ticket.job.seed))
+                                          spec=speculative(result.stats, service.policy), seed=ticket.job.request.seed))
                     if checked.include_usage:
                         yield sse(reply.usage_chunk(usage(prompt_tokens, service.completion(result, checked.stop)[1])))
                     yield sse("[DONE]")

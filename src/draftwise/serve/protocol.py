@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from draftwise.settings.request import SEED_LIMIT
+from draftwise.request import SEED_LIMIT
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; temperature 0 (or below 1e-5) is greedy: exactly the target's argmax path

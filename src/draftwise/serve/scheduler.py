@@ -24,11 +24,12 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from draftwise.errors import DraftwiseError
+from draftwise.request import Request
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +68,7 @@ class Job:
     """One generation: what to generate, and where its events go (``deliver`` is thread-safe)."""
 
     prompt_ids: list[int]
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: Sequence[str] = ()
-    ignore_eos: bool = False
+    request: Request
     probe: bool = False  # a health check's own generation: not a request, kept out of the metrics
     deliver: Callable[[Event], None] = lambda event: None
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -244,9 +239,7 @@ class Scheduler:
             self._cancelled(job)
             return
         try:
-            handle = session.add(job.prompt_ids, max_new_tokens=job.max_new_tokens, temperature=job.temperature,
-                                 top_k=job.top_k, top_p=job.top_p, seed=job.seed, stop=tuple(job.stop),
-                                 ignore_eos=job.ignore_eos)
+            handle = session.add(job.prompt_ids, job.request)
         except DraftwiseError as error:
             job.deliver(Failed(error, bad_input=True))
             return

@@ -130,9 +130,7 @@ def apply_state(saved: SavedState, policy: Any) -> None:
         raise DraftwiseError(f"--state {saved.path}: saved for arms {list(saved.arms)}, but this server's arms are "
                              f"{mine}; serve with the same --policy/--arms/--drafter options, or remove the file")
     _check_class(saved, policy)
-    restored = _restored(policy, saved)
-    for name in learned_attributes(policy):
-        setattr(policy, name, getattr(restored, name))
+    policy.take_learned(_restored(policy, saved))
 
 
 def _check_class(saved: SavedState, policy: Any) -> None:

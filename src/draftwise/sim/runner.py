@@ -91,7 +91,7 @@ def run_query(policy: Policy, scenario: Scenario, query: Query) -> QueryResult:
     """One query: select → draft (L tokens) → verify against the latent γ → feedback, until B tokens."""
     L, B = scenario.max_draft, query.tokens
     best = scenario.best_arm()[query.domain]
-    full = policy.full_information
+    full = policy.needs.full_information
     n_arms = len(scenario.arms)
     eval_cost = 0.0
     if full and n_arms > 1:

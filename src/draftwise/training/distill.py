@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,12 +26,17 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from draftwise.models.loading import resolve_model_path
 from draftwise.models.vocab_map import FILE as VOCAB_FILE
 from draftwise.models.vocab_map import VocabMap
+from draftwise.training.budgets import BUDGETS
+from draftwise.training.corpus import DOMAINS, SPECIALIST_DOMAINS, build_corpus, read_corpus, write_corpus
 from draftwise.training.distill_eagle import train_eagle
+from draftwise.training.labels import LabelPlan, chat_prompt_ids, label_domain, read_labels
 from draftwise.training.train import ModelShape, TrainConfig, chunk_stream, count_params, train_loop
+from draftwise.zoo.load import MANIFEST, shipped_models_dir
 
 EAGLE = "eagle"  # the white-box head, trained after the LM drafters on the same labels
 
@@ -160,9 +166,6 @@ def save_drafter(model: Any, vocab: VocabMap, folder: Path, meta: dict[str, Any]
 
 def corpus_for(data: Path, out: Path) -> Any:
     """The zoo corpus (the toy zoo's splits and seed: train examples only are labelled), cached in ``out``."""
-    from draftwise.training.budgets import BUDGETS
-    from draftwise.training.corpus import build_corpus, read_corpus, write_corpus
-
     folder = out / "corpus"
     if (folder / "train").is_dir():
         return read_corpus(folder)
@@ -178,12 +181,6 @@ def run_distill(target_name: str, data: Path, out: Path, *, plan: Any = None, re
     """Labels → vocabulary → generalist → specialists (→ installed into the package's zoo), each
     stage skipped when its output exists: an interrupted build resumes where it stopped. ``only``
     trains just the drafters it names (specialists need the generalist first)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from draftwise.models.loading import resolve_model_path
-    from draftwise.training.corpus import DOMAINS, SPECIALIST_DOMAINS
-    from draftwise.training.labels import LabelPlan, chat_prompt_ids, label_domain, read_labels
-
     recipe = recipe or DrafterRecipe()
     plan = plan or LabelPlan()
     labels = labels or out / "labels"
@@ -238,10 +235,6 @@ def run_distill(target_name: str, data: Path, out: Path, *, plan: Any = None, re
 def install_drafters(target_name: str, target_vocab: int, models: Path, names: Sequence[str],
                      dest: Path | None = None) -> None:
     """Copy distilled drafters into the zoo as ``TARGET-NAME`` with manifest entries that say whose they are."""
-    import shutil
-
-    from draftwise.zoo.load import MANIFEST, shipped_models_dir
-
     dest = dest or shipped_models_dir()
     manifest = json.loads((dest / MANIFEST).read_text())
     entries = {e["name"]: e for e in manifest["models"]}

@@ -29,6 +29,7 @@ import functools
 import json
 import logging
 import operator
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -38,14 +39,25 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 
 from draftwise.drafters.eagle import EagleHead, eagle_config
 from draftwise.drafters.medusa import MedusaHeads, medusa_config
-from draftwise.drafters.whitebox import HeadConfig, lm_head_fingerprint, load_head_weights, save_head, target_dims
+from draftwise.drafters.whitebox import (
+    HeadConfig,
+    lm_head_fingerprint,
+    load_head_weights,
+    read_head_config,
+    save_head,
+    target_dims,
+)
 from draftwise.errors import DraftwiseError
 from draftwise.registry import Registry
-from draftwise.training.corpus import DOMAINS, SPECIALIST_DOMAINS
+from draftwise.training.budgets import BUDGETS
+from draftwise.training.corpus import DOMAINS, SPECIALIST_DOMAINS, build_corpus, read_corpus
+from draftwise.training.tokenizer import encode_examples
 from draftwise.training.train import TrainConfig, TrainState, chunk_stream, train_loop
+from draftwise.zoo.load import MANIFEST, read_manifest, shipped_models_dir
 
 log = logging.getLogger(__name__)
 
@@ -349,10 +361,6 @@ def corpus_streams(data: Path, tokenizer: Any, corpus_budget: str) -> dict[str, 
     the shared data folder (the corpus is rebuilt with the build budget's settings and seed, which
     gives the same split).
     """
-    from draftwise.training.budgets import BUDGETS
-    from draftwise.training.corpus import build_corpus, read_corpus
-    from draftwise.training.tokenizer import encode_examples
-
     if (data / "corpus" / "DONE").exists():
         corpus = read_corpus(data / "corpus")
     else:
@@ -375,11 +383,6 @@ def install_heads(heads: Path, dest: Path | None = None) -> list[dict[str, Any]]
     entries (re-running replaces them). Run it after ``draftwise zoo install``, which rewrites
     the manifest.
     """
-    import shutil
-
-    from draftwise.drafters.whitebox import read_head_config
-    from draftwise.zoo.load import MANIFEST, read_manifest, shipped_models_dir
-
     dest = dest or shipped_models_dir()
     manifest = read_manifest(dest)
     entries = []
@@ -388,8 +391,6 @@ def install_heads(heads: Path, dest: Path | None = None) -> list[dict[str, Any]]
         if (dest / folder.name).exists():
             shutil.rmtree(dest / folder.name)
         shutil.copytree(folder, dest / folder.name)
-        from safetensors import safe_open
-
         with safe_open(str(folder / "model.safetensors"), "pt") as f:
             params = sum(int(np.prod(f.get_slice(k).get_shape())) for k in f.keys())  # noqa: SIM118  (safe_open has no __iter__)
         entries.append({"name": folder.name, "role": "head", "kind": config.kind, "domains": list(config.domains),

@@ -23,27 +23,33 @@ from typing import Any
 
 import numpy as np
 
-from draftwise.decision.arms import Arm
-from draftwise.decision.core import (
+from draftwise.decision import (
+    Arm,
     Choice,
+    CutRound,
     Limits,
     LoadLearners,
     QueryDecider,
+    StepCostModel,
+    StepShape,
     arm_book,
+    attribute,
+    batch_times,
     copy_learner,
+    length_learner,
     load_limits,
     make_learner,
+    routed_drafter,
     warm_start,
 )
-from draftwise.decision.step_costs import CutRound, StepCostModel, StepShape, attribute, batch_times
 from draftwise.drafters import DraftContext
 from draftwise.drafters.pool import DrafterPool
 from draftwise.errors import DraftwiseError
-from draftwise.policies import make_policy
+from draftwise.policies import parse_policy
 from draftwise.trace import RoundRecord
 from draftwise.vllm.batch_view import BatchView
 from draftwise.vllm.options import ProposerOptions
-from draftwise.vllm.pool import build_templates, default_arms, make_arms, route, stop_rules
+from draftwise.vllm.pool import build_templates, default_arms, make_arms, stop_rules
 from draftwise.vllm.requests import Pending, RequestState, match_rows
 
 log = logging.getLogger("draftwise.vllm")
@@ -85,15 +91,17 @@ class ProposerCore:
         if options.mode == "batch":
             self._init_batch()
             return
-        layout = options.arms or default_arms(options.policy, drafters, self.draft_len)
+        policy = parse_policy(options.policy)  # the spec, parsed once
+        layout = options.arms or default_arms(policy, drafters, self.draft_len)
         self.arms: list[Arm] = make_arms(layout, drafters, self.draft_len)
-        self.learner = make_learner(options.policy, self.arms, drafters, np.random.default_rng(options.seed))
-        if self.learner.full_information:
+        self.learner = make_learner(policy, self.arms, drafters, np.random.default_rng(options.seed))
+        needs = self.learner.needs
+        if needs.full_information:
             raise DraftwiseError(f"policy {options.policy!r} needs full-information feedback (an evaluation "
                                  "phase), which the vLLM proposer does not run; use a bandit policy")
         # the no-speculation arm, the model arms (a request's LM draft runs while every other
         # request waits) and the lookups a contextual learner watches (draftwise.decision.core)
-        self.book = arm_book(self.arms, drafters, self.learner.context_on)
+        self.book = arm_book(self.arms, drafters, needs.context_on)
 
     # -- set-up ------------------------------------------------------------------------------
     def _init_batch(self) -> None:
@@ -102,10 +110,7 @@ class ProposerCore:
             raise DraftwiseError(f"batch_lengths {list(lengths)} exceed num_speculative_tokens={self.draft_len}")
         self.lengths = tuple(sorted(set(lengths)))
         policy = self.options.policy if self.options.policy != "ctx-ucb" else "banditspec-length"
-        names = [f"len@{n}" for n in self.lengths]
-        self.batch_learner = make_policy(policy, names, np.random.default_rng(self.options.seed))
-        if hasattr(self.batch_learner, "max_draft"):
-            self.batch_learner.max_draft = max(self.lengths)
+        self.batch_learner = length_learner(policy, self.lengths, np.random.default_rng(self.options.seed))
         self.load_learners = LoadLearners(self.batch_learner)  # one learner per load bucket
         self.batch_pending: Pending | None = None
         self.arms = []
@@ -211,11 +216,11 @@ class ProposerCore:
             # pays the learner's work each step
             state.decider = QueryDecider(
                 self.book, copy_learner(self.learner, np.random.default_rng([self.options.seed, self.started])),
-                keep_rounds=self.learner.keep, hear_idle=False)
+                keep_rounds=self.learner.needs.keep, hear_idle=False)
             state.stops = stop_rules(self.arms)
             for i, arm in enumerate(self.arms):
                 if arm.route:
-                    state.routes[i] = route(state.drafters, arm, prompt)
+                    state.routes[i] = routed_drafter(state.drafters, arm, prompt)
         self.started += 1
         self.states[rid] = state
         return state

@@ -11,10 +11,8 @@ from typing import Any
 
 import torch
 
-from draftwise.decision.arms import NONE, Arm, ArmSettings, build_arms
-from draftwise.decision.routing import PromptFit, best_fit
+from draftwise.decision import NONE, Arm, ArmSettings, build_arms
 from draftwise.drafters import (
-    DraftContext,
     Drafter,
     ModelDrafter,
     build_drafters,
@@ -22,7 +20,7 @@ from draftwise.drafters import (
 )
 from draftwise.errors import DraftwiseError
 from draftwise.models.loading import LoadOptions
-from draftwise.policies import PRESETS
+from draftwise.policies import PolicySpec
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +41,12 @@ def build_templates(specs: Sequence[str], vocab_size: int) -> list[Drafter]:
     return build_drafters(list(specs), _VocabStub(vocab_size), None, LoadOptions())
 
 
-def default_arms(policy: str, drafters: Sequence[Drafter], draft_len: int) -> str:
+def default_arms(policy: PolicySpec, drafters: Sequence[Drafter], draft_len: int) -> str:
     """The arm layout for a policy in vLLM: a preset's own layout; otherwise every drafter at the
     full draft length plus no speculation (the default policy's contexts pick among them).
     LM drafters join as one routed arm (``auto@4``) when there are several."""
-    name = policy.split(":", 1)[0]
-    if name in PRESETS:
-        return PRESETS.get(name).arms
+    if policy.preset is not None:
+        return str(policy.preset.arms)
     lookups = [d.name for d in drafters if not _is_model(d)]
     models = [d.name for d in drafters if _is_model(d)]
     items = [f"{n}@{draft_len}" for n in lookups]
@@ -77,14 +74,6 @@ def make_arms(layout: str, drafters: Sequence[Drafter], draft_len: int) -> list[
 
 def _is_model(drafter: Drafter) -> bool:
     return isinstance(drafter, ModelDrafter)
-
-
-def route(drafters: Sequence[Drafter], arm: Arm, prompt: Sequence[int]) -> int:
-    """The routed arm's drafter for this request: the best top-1 fit on the prompt (the engine's
-    prompt fit; ties and prompts too short to judge: the first candidate)."""
-    if not arm.route:
-        return arm.drafter if arm.drafter is not None else -1
-    return best_fit(arm.route, PromptFit().rates(drafters, prompt, arm.route, DraftContext()))
 
 
 def stop_rules(arms: Sequence[Arm]) -> list[Any]:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftwise.decision.core import Key, QueryDecider
+from draftwise.decision import Key, QueryDecider
 from draftwise.trace import RoundRecord
 
 
