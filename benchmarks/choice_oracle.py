@@ -395,9 +395,11 @@ def main() -> None:
                         help="price the rounds with this collection's timings (e.g. a short run on a quiet CPU)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    collected_with = vars(args)
     if args.replay:
         with open(args.replay) as handle:
-            data = json.load(handle)["data"]
+            saved = json.load(handle)
+        data, collected_with = saved["data"], saved["args"]
     else:
         data = collect(args)
     if args.costs:  # the acceptances of one collection priced with another's (quieter) timings
@@ -422,7 +424,8 @@ def main() -> None:
     print("best rule", best, round(result["x_plain"][best], 3), "checks (model ÷ measured):",
           {k: round(v, 3) for k, v in result["checks"].items()})
     with open(args.out, "w") as handle:
-        json.dump({"result": result, "data": data, "args": vars(args)}, handle)
+        json.dump({"result": result, "data": data, "args": collected_with,
+                   **({"priced_with": args.costs} if args.costs else {})}, handle)
 
 
 if __name__ == "__main__":

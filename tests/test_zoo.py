@@ -98,10 +98,11 @@ def test_shipped_zoo_names_and_size() -> None:
     assert names[0] == "zoo:target"
     specialists = {"zoo:code", "zoo:math", "zoo:sql", "zoo:translation", "zoo:summarization", "zoo:qa"}
     assert specialists | {"zoo:generalist"} <= set(names)
-    heads = {f"zoo:{h}" for h in load.zoo_head_names()}  # white-box heads: asked for by name, never in zoo:all
+    heads = {f"zoo:{h}" for h in load.zoo_head_names(target=None)}  # white-box heads: by name, never in zoo:all
     real = {f"zoo:smollm2-{d}" for d in ("generalist", "code", "math", "sql", "translation", "summarization", "qa")}
     assert set(load.expand_zoo_names(["zoo:all"])) == set(names) - {"zoo:target"} - heads - real
     assert set(load.expand_zoo_names(["zoo:all"], target="smollm2")) == real  # each target's own drafters
+    assert load.zoo_head_names(target="smollm2") == ["smollm2-eagle"]
     assert load.expand_zoo_names(["zoo:code", "zoo:all"])[0] == "zoo:code"
     total = sum(p.stat().st_size for p in SHIPPED.rglob("*") if p.is_file())
     assert total <= 80 * 2**20  # the package's weights, both families
