@@ -34,7 +34,7 @@ from draftwise.drafters.eagle import EagleHead, eagle_config
 from draftwise.drafters.whitebox import lm_head_fingerprint, save_head, target_dims
 from draftwise.models.vocab_map import FILE as VOCAB_FILE
 from draftwise.models.vocab_map import VocabMap
-from draftwise.training.heads import HiddenSet, eagle_loss
+from draftwise.training.heads import HiddenSet, eagle_loss, load_hidden, save_hidden
 from draftwise.training.train import TrainConfig, train_loop
 
 log = logging.getLogger(__name__)
@@ -76,19 +76,6 @@ def packed_rows(data: HiddenSet, seq_len: int) -> HiddenSet:
     return HiddenSet(cut(data.tokens), cut(data.hidden), cut(data.top_ids), cut(data.top_logprobs))
 
 
-def save_set(data: HiddenSet, path: Path) -> None:
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, tokens=data.tokens.numpy().astype(np.int32), hidden=data.hidden.numpy(),
-             top_ids=data.top_ids.numpy().astype(np.int32), top_logprobs=data.top_logprobs.numpy())
-    tmp.replace(path)
-
-
-def load_sets(paths: Sequence[Path]) -> HiddenSet:
-    parts = [np.load(p) for p in paths]
-    cat = lambda key: torch.from_numpy(np.concatenate([p[key] for p in parts], 1))
-    return HiddenSet(cat("tokens").long(), cat("hidden"), cat("top_ids").long(), cat("top_logprobs"))
-
-
 def collect_stage(target: Any, sequences: dict[str, list[list[int]]], vocab: VocabMap, recipe: EagleRecipe,
                   folder: Path) -> list[Path]:
     """Hidden states per domain, each domain's file written once (an interrupted run resumes)."""
@@ -99,7 +86,7 @@ def collect_stage(target: Any, sequences: dict[str, list[list[int]]], vocab: Voc
         if not path.exists():
             started = time.perf_counter()
             data = example_hidden(target, rows[: recipe.examples_per_domain], vocab, recipe.top_k)
-            save_set(data, path)
+            save_hidden(data, path)
             log.info("eagle hidden %s: %d tokens in %.0fs", domain, data.tokens.numel(), time.perf_counter() - started)
         paths.append(path)
     return paths
@@ -112,7 +99,7 @@ def train_eagle(target: Any, target_name: str, sequences: dict[str, list[list[in
     paths = collect_stage(target, sequences, vocab, recipe, work / "hidden")
     if (folder / "model.safetensors").exists():
         return folder
-    data = packed_rows(load_sets(paths), recipe.train.seq_len)
+    data = packed_rows(load_hidden(paths, axis=1), recipe.train.seq_len)
     hidden_size, vocab_size = target_dims(target)
     config = eagle_config(hidden_size, vocab_size, intermediate_size=recipe.intermediate, target=target_name,
                           target_fingerprint=lm_head_fingerprint(target), domains=tuple(sequences),

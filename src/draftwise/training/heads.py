@@ -31,7 +31,7 @@ import logging
 import operator
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -147,9 +147,10 @@ def save_hidden(data: HiddenSet, path: Path) -> None:
     tmp.replace(path)
 
 
-def load_hidden(paths: list[Path]) -> HiddenSet:
+def load_hidden(paths: Sequence[Path], axis: int = 0) -> HiddenSet:
+    """The sets in ``paths`` joined along ``axis`` (0: more rows; 1: longer rows)."""
     parts = [np.load(p) for p in paths]
-    cat = lambda key: torch.from_numpy(np.concatenate([p[key] for p in parts]))
+    cat = lambda key: torch.from_numpy(np.concatenate([p[key] for p in parts], axis))
     return HiddenSet(cat("tokens").long(), cat("hidden"), cat("top_ids").long(), cat("top_logprobs"))
 
 
