@@ -54,6 +54,7 @@ from length_oracle import cost_of  # a round's measured cost at k tokens, or the
 from policy_ab import register_rule_policy
 
 from draftwise.models.cached_lm import common_prefix_len
+from draftwise.training.evaluate import HeadReplay
 from draftwise.verify.draft import DraftContext
 
 PER_DOMAIN = 8
@@ -228,21 +229,10 @@ def lm_positions(drafter: Any, ids: list[int], answer: list[int]) -> list[int]:
 
 
 def head_positions(head: Any, model: Any, ids: list[int], answer: list[int], length: int = 8) -> list[int]:
-    """A white-box head's greedy matches from each answer position (up to ``length``): the target's
-    hidden states along prompt + answer, handed over as the engine hands them, then the head's own
-    chain of ``length`` tokens at every position."""
-    sequence = ids + answer
-    with torch.inference_mode():
-        hidden = model(input_ids=torch.tensor([sequence]), output_hidden_states=True).hidden_states[-1][0].float()
-    head.begin_query(ids)
-    out, sent = [], 0
-    for t in range(len(answer)):
-        context = sequence[: len(ids) + t]
-        known = len(context) - 1
-        head.observe_target(context, hidden[sent:known], sent)
-        sent = known
-        out.append(common_prefix_len(head.propose(context, length, DraftContext()).tokens, answer[t:]))
-    return out
+    """A white-box head's greedy matches from each answer position (up to ``length``): its own chain
+    of ``length`` tokens at every position, as the engine would draft it."""
+    replay = HeadReplay(head, model, ids, answer)
+    return [common_prefix_len(replay.draft(t, length), answer[t:]) for t in range(len(answer))]
 
 
 def collect(args: Any) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from draftwise.drafters.eagle import EagleHead, eagle_config
 from draftwise.drafters.whitebox import lm_head_fingerprint, save_head, target_dims
 from draftwise.models.vocab_map import FILE as VOCAB_FILE
 from draftwise.models.vocab_map import VocabMap
-from draftwise.training.heads import HiddenSet, eagle_loss, load_hidden, save_hidden
+from draftwise.training.heads import HiddenSet, batch_noise, eagle_loss, load_hidden, save_hidden
 from draftwise.training.train import TrainConfig, train_loop
 
 log = logging.getLogger(__name__)
@@ -110,11 +110,8 @@ def train_eagle(target: Any, target_name: str, sequences: dict[str, list[list[in
     lm = target.get_output_embeddings().weight.detach().float()[vocab.to_target]  # the subset's rows
 
     def loss_of_rows(model: Any, index: np.ndarray) -> torch.Tensor:
-        # the noise is a pure function of the batch (itself a function of seed and step): resuming is exact
-        seed = int(np.random.default_rng([recipe.seed, *index.tolist()]).integers(1 << 62))
-        noise = torch.Generator().manual_seed(seed)
-        return eagle_loss(model, embed, lm, data.batch(index), recipe.ce_weight, recipe.feature_noise, noise,
-                          recipe.unroll)
+        return eagle_loss(model, embed, lm, data.batch(index), recipe.ce_weight, recipe.feature_noise,
+                          batch_noise(recipe.seed, index), recipe.unroll)
 
     started = time.perf_counter()
     state = train_loop(head, len(data), loss_of_rows, recipe.train, recipe.seed + 1, work / "head.ckpt", "eagle",

@@ -127,23 +127,39 @@ def drafter_stats(
     return stats
 
 
-@torch.inference_mode()
+class HeadReplay:
+    """A white-box head along prompt + continuation, handed the target's hidden states as the engine
+    hands them (from one target forward over the whole sequence), drafting from any position."""
+
+    @torch.inference_mode()
+    def __init__(self, head: Any, target: PreTrainedModel, prompt: Sequence[int], continuation: Sequence[int]) -> None:
+        self.head, self.prompt_len = head, len(prompt)
+        self.sequence = list(prompt) + list(continuation)
+        self.hidden = target(input_ids=torch.tensor([self.sequence]),
+                             output_hidden_states=True).hidden_states[-1][0].float()
+        self.sent = 0  # positions whose hidden states the head holds
+        head.begin_query(prompt)
+
+    @torch.inference_mode()
+    def draft(self, t: int, k: int) -> list[int]:
+        """The head's chain of up to ``k`` tokens after the prompt and the continuation's first ``t``
+        (``t`` never decreases between calls, as in decoding)."""
+        context = self.sequence[: self.prompt_len + t]
+        self.head.observe_target(context, self.hidden[self.sent : len(context) - 1], self.sent)
+        self.sent = len(context) - 1
+        return self.head.propose(context, k, DraftContext()).tokens
+
+
 def head_stats(head: Any, target: PreTrainedModel, prompts: Sequence[list[int]], continuations: Sequence[list[int]],
                k: int) -> RoundStats:
-    """The same greedy rounds for a white-box head, which drafts from the target's hidden states:
-    those along prompt + continuation come from one target forward and are handed over as the
-    engine hands them; at each round's start the head drafts its own chain of ``k`` tokens."""
+    """The same greedy rounds for a white-box head, which drafts from the target's hidden states
+    (:class:`HeadReplay`): at each round's start the head drafts its own chain of ``k`` tokens."""
     stats = RoundStats(0, 0, 0, 0)
     for prompt, continuation in zip(prompts, continuations):
-        sequence = list(prompt) + list(continuation)
-        hidden = target(input_ids=torch.tensor([sequence]), output_hidden_states=True).hidden_states[-1][0].float()
-        head.begin_query(prompt)
-        t, sent = 0, 0
+        replay = HeadReplay(head, target, prompt, continuation)
+        t = 0
         while t < len(continuation):
-            context = sequence[: len(prompt) + t]
-            head.observe_target(context, hidden[sent : len(context) - 1], sent)
-            sent = len(context) - 1
-            draft = head.propose(context, min(k, len(continuation) - t - 1), DraftContext()).tokens
+            draft = replay.draft(t, min(k, len(continuation) - t - 1))
             accepted = common_prefix_len(draft, continuation[t:])
             stats = stats + RoundStats(accepted + 1, 1, accepted, len(draft))
             t += accepted + 1

@@ -223,6 +223,12 @@ def _step_loss(predicted: torch.Tensor, data: HiddenSet, ahead: int, lm_weight: 
     return F.smooth_l1_loss(predicted, truth) + ce_weight * ce
 
 
+def batch_noise(seed: int, index: np.ndarray) -> torch.Generator:
+    """The generator of one batch's input noise: a pure function of the seed and the batch's rows
+    (themselves a function of seed and step), so a resumed run draws what an uninterrupted one does."""
+    return torch.Generator().manual_seed(int(np.random.default_rng([seed, *index.tolist()]).integers(1 << 62)))
+
+
 def medusa_loss(heads: MedusaHeads, lm_weight: torch.Tensor, data: HiddenSet) -> torch.Tensor:
     """Head j (0-based) on h_i guesses x_{i+j+2}: scored against the target's distribution at i + j + 1."""
     features = heads(data.hidden)  # (k, B, T, H)
@@ -306,10 +312,8 @@ def train_head(ctx: HeadsContext, name: str, kind: str, domains: tuple[str, ...]
     def loss_of_rows(model: Any, index: np.ndarray) -> torch.Tensor:
         batch = data.batch(index)
         if kind == "eagle":
-            # the noise is a pure function of the batch (itself a function of seed and step): resuming is exact
-            seed = int(np.random.default_rng([b.seed, *index.tolist()]).integers(1 << 62))
-            noise = torch.Generator().manual_seed(seed)
-            return eagle_loss(model, embed, lm, batch, b.ce_weight, b.feature_noise, noise, b.unroll)
+            return eagle_loss(model, embed, lm, batch, b.ce_weight, b.feature_noise, batch_noise(b.seed, index),
+                              b.unroll)
         return medusa_loss(model, lm, batch)
 
     ctx.path("checkpoints").mkdir(parents=True, exist_ok=True)
