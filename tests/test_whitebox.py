@@ -229,6 +229,35 @@ def test_greedy_is_token_exact(heads_dir, llama, head, tree) -> None:
         assert accepted > 10  # the trained head's drafts are really accepted (exercises the accept path)
 
 
+def test_auto_dtype_multiplies_single_rows_in_float16_and_stays_exact(heads_dir, llama, monkeypatch) -> None:
+    import draftwise.models.drafter_bank as bank
+    from draftwise.drafters.whitebox import RowDtypeLinear
+
+    target, _ = llama
+    exact = load_head_drafter(str(heads_dir / "eagle-trained"), target)  # the suite pins float32
+    monkeypatch.setattr(bank, "DEFAULT_HEAD_DTYPE", "auto")
+    fast = load_head_drafter(str(heads_dir / "eagle-trained"), target)
+    assert isinstance(fast.head.q_proj, RowDtypeLinear) and fast.head.q_proj.row_weight.dtype == torch.float16
+    assert fast.row_weight is not None and fast.row_weight.dtype == torch.float16
+    mine, theirs = fast.head_module().state_dict(), exact.head_module().state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    rows = torch.randn(3, target.config.hidden_size)
+    assert torch.equal(fast.head.fc(torch.cat([rows, rows], -1)), exact.head.fc(torch.cat([rows, rows], -1)))
+    one = torch.cat([rows[:1], rows[:1]], -1)
+    assert torch.allclose(fast.head.fc(one), exact.head.fc(one), atol=2e-2, rtol=1e-2)
+    assert not torch.equal(fast.head_logits(rows[0]), exact.head_logits(rows[0]))  # really another path
+    assert torch.allclose(fast.head_logits(rows[0]), exact.head_logits(rows[0]), atol=5e-2, rtol=1e-2)
+    text = json.loads((heads_dir / "text.json").read_text())
+    accepted = 0
+    for case in range(4):
+        prompt = text[case][:3]
+        out = Generator(target, None, [fast], policy="fixed:0", draft_len=4).generate(prompt, max_new_tokens=24,
+                                                                                       ignore_eos=True)
+        assert out.token_ids == _reference(target, prompt, 24, None)
+        accepted += out.stats.accepted
+    assert accepted > 10
+
+
 @pytest.fixture(scope="module")
 def small_target():
     return _model(3, 2)

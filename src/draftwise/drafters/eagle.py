@@ -90,13 +90,10 @@ class EagleHead(nn.Module):
         cos, sin = rotary_tables(positions, self.head_dim, c.rope_theta)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
-        group = c.num_attention_heads // c.num_key_value_heads
-        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-        if past is None and allowed is None:
-            attn = F.scaled_dot_product_attention(q, keys, values, is_causal=True)
-        else:
-            mask = causal_allowed(keys.shape[2] - t, t, x.device) if allowed is None else allowed
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        if allowed is None and t > 1:  # a single new query sees everything: no mask
+            allowed = causal_allowed(keys.shape[2] - t, t, x.device)
+        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed,
+                                              enable_gqa=c.num_key_value_heads < c.num_attention_heads)
         x = x + self.o_proj(attn.transpose(1, 2).reshape(b, t, -1))
         n = self.mlp_norm(x)
         x = x + self.down_proj(F.silu(self.gate_proj(n)) * self.up_proj(n))
@@ -132,8 +129,6 @@ class EagleDrafter(WhiteBoxDrafter):
         past = None
         if self.keys.length:
             past = (self.keys.view().permute(1, 0, 2)[None], self.values.view().permute(1, 0, 2)[None])
-        if allowed is None:
-            allowed = causal_allowed(self.keys.length, len(tokens), device)
         out, (k, v) = self.head(features[None].to(embeds.dtype), embeds,
                                 torch.tensor([list(positions)], device=device), past, allowed)
         self.keys.append(k[0].transpose(0, 1))

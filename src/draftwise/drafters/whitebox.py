@@ -26,13 +26,14 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+import torch.nn.functional as F
 from torch import nn
 
 from draftwise.drafters.base import ModelDrafter
 from draftwise.drafters.draft_shapes import TreeOptions
 from draftwise.errors import DraftwiseError
 from draftwise.models.cached_lm import RowBuffer
-from draftwise.models.drafter_bank import resolve_head_dtype
+from draftwise.models.drafter_bank import resolve_head_dtype, single_row_dtype
 from draftwise.models.loading import resolve_model_path
 from draftwise.models.vocab_map import FILE, VocabMap, load_vocab_map
 
@@ -131,6 +132,35 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos[:, None] + rotated * sin[:, None]
 
 
+class RowDtypeLinear(nn.Module):
+    """A trained linear layer that multiplies a single row in ``row_dtype`` (its own copy of the
+    weights) and several rows in the weights' dtype. Same parameters, same state dict."""
+
+    def __init__(self, linear: nn.Linear, row_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        self.register_buffer("row_weight", linear.weight.detach().to(row_dtype), persistent=False)
+        row_bias = None if linear.bias is None else linear.bias.detach().to(row_dtype)
+        self.register_buffer("row_bias", row_bias, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() != x.shape[-1]:
+            return F.linear(x, self.weight, self.bias)
+        return F.linear(x.to(self.row_weight.dtype), self.row_weight, self.row_bias).to(x.dtype)
+
+
+def with_row_dtype(module: nn.Module, row_dtype: torch.dtype) -> nn.Module:
+    """``module`` (a loaded head, for inference) with each linear layer a :class:`RowDtypeLinear`."""
+    weights = next(module.parameters()).dtype
+    if row_dtype == weights:
+        return module
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, RowDtypeLinear(child, row_dtype))
+    return module
+
+
 def causal_allowed(past: int, new: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """(new, past + new) bool: every new query sees the whole past and the new keys up to itself."""
     return torch.ones(new, past + new, dtype=torch.bool, device=device).tril(diagonal=past)
@@ -203,6 +233,9 @@ class WhiteBoxDrafter(ModelDrafter):
             weight = weight[vocab.to_target.to(weight.device)]
             plain = False
         self.head_weight = None if plain else weight.detach().to(self.head_dtype)
+        # one drafted token multiplies a single row: reading the weights is all its cost
+        row_dtype = single_row_dtype(None, weight.dtype)
+        self.row_weight = None if row_dtype == self.head_dtype else weight.detach().to(row_dtype)
         self.vocab_size = config.vocab_size
         self.seen = RowBuffer()
         self.seen_tokens: list[int] = []
@@ -235,14 +268,17 @@ class WhiteBoxDrafter(ModelDrafter):
 
     def head_logits(self, features: torch.Tensor) -> torch.Tensor:
         """The target's own LM head on predicted features, float32 (…, V)."""
-        if self.head_weight is None:
+        weight = self.row_weight if self.row_weight is not None and features.numel() == features.shape[-1] \
+            else self.head_weight
+        if weight is None:
             return self.lm_head(features).float()
-        logits = torch.nn.functional.linear(features.to(self.head_dtype), self.head_weight).float()
+        logits = torch.nn.functional.linear(features.to(weight.dtype), weight).float()
         return logits if self.vocab is None else self.vocab.target_logits(logits)
 
     def fresh(self) -> WhiteBoxDrafter:
         """A copy with no query state; the head's weights and the target's embedding and LM head are shared."""
-        shared = [self.embed, self.lm_head, self.head_weight, *self.head_module().parameters()]
+        head = self.head_module()
+        shared = [self.embed, self.lm_head, self.head_weight, self.row_weight, *head.parameters(), *head.buffers()]
         return copy.deepcopy(self, {id(t): t for t in shared if t is not None})
 
     def padded(self, logits: torch.Tensor, n_out: int) -> torch.Tensor:
@@ -293,4 +329,6 @@ def load_head_drafter(path: str, target: Any, *, kind: str = "", name: str = "",
     if vocab is not None and vocab.target_size != config.vocab_size:
         raise DraftwiseError(f"{path}: its {FILE} is for a vocabulary of {vocab.target_size}, the head's is "
                              f"{config.vocab_size}")
-    return HEAD_KINDS[config.kind](folder, config, target, name or default, str(path), tree, vocab)
+    drafter = HEAD_KINDS[config.kind](folder, config, target, name or default, str(path), tree, vocab)
+    with_row_dtype(drafter.head_module(), single_row_dtype(None, torch.float32))
+    return drafter
