@@ -69,8 +69,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    "lookup of the cascade layout (default: suffix, else pld)")
     p.add_argument("--drafter-head-dtype", choices=("auto", "float32", "bfloat16"), default=None,
                    help="LM head of small drafters and white-box heads: auto (default) = bfloat16 where the CPU "
-                   "multiplies it natively, else float32, and white-box heads' single rows in float16; outputs are unaffected "
-                   "(the target decides every token)")
+                   "multiplies it natively, else float32, and white-box heads' single rows in float16; "
+                   "outputs are unaffected (the target decides every token)")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap the prompt in the tokenizer's chat template (default: when it has one)")
     add_sampling_option(p)

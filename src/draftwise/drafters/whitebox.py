@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from draftwise.drafters.base import ModelDrafter
@@ -135,6 +135,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class RowDtypeLinear(nn.Module):
     """A trained linear layer that multiplies a single row in ``row_dtype`` (its own copy of the
     weights) and several rows in the weights' dtype. Same parameters, same state dict."""
+
+    row_weight: torch.Tensor
+    row_bias: torch.Tensor | None
 
     def __init__(self, linear: nn.Linear, row_dtype: torch.dtype) -> None:
         super().__init__()
