@@ -132,6 +132,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos[:, None] + rotated * sin[:, None]
 
 
+def one_row(x: torch.Tensor) -> bool:
+    """Whether ``x`` (…, H) holds a single row: one drafted token, a product bound by reading the weights."""
+    return x.numel() == x.shape[-1]
+
+
 class RowDtypeLinear(nn.Module):
     """A trained linear layer that multiplies a single row in ``row_dtype`` (its own copy of the
     weights) and several rows in the weights' dtype. Same parameters, same state dict."""
@@ -147,14 +152,16 @@ class RowDtypeLinear(nn.Module):
         self.register_buffer("row_bias", row_bias, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() != x.shape[-1]:
+        if not one_row(x):
             return F.linear(x, self.weight, self.bias)
         return F.linear(x.to(self.row_weight.dtype), self.row_weight, self.row_bias).to(x.dtype)
 
 
-def with_row_dtype(module: nn.Module, row_dtype: torch.dtype) -> nn.Module:
-    """``module`` (a loaded head, for inference) with each linear layer a :class:`RowDtypeLinear`."""
+def with_row_dtype(module: nn.Module) -> nn.Module:
+    """``module`` (a loaded head, for inference) with each linear layer a :class:`RowDtypeLinear` where
+    single rows get their own dtype (:func:`~draftwise.models.drafter_bank.single_row_dtype`)."""
     weights = next(module.parameters()).dtype
+    row_dtype = single_row_dtype(None, weights)
     if row_dtype == weights:
         return module
     for parent in list(module.modules()):
@@ -271,8 +278,7 @@ class WhiteBoxDrafter(ModelDrafter):
 
     def head_logits(self, features: torch.Tensor) -> torch.Tensor:
         """The target's own LM head on predicted features, float32 (…, V)."""
-        weight = self.row_weight if self.row_weight is not None and features.numel() == features.shape[-1] \
-            else self.head_weight
+        weight = self.row_weight if self.row_weight is not None and one_row(features) else self.head_weight
         if weight is None:
             return self.lm_head(features).float()
         logits = torch.nn.functional.linear(features.to(weight.dtype), weight).float()
@@ -333,5 +339,5 @@ def load_head_drafter(path: str, target: Any, *, kind: str = "", name: str = "",
         raise DraftwiseError(f"{path}: its {FILE} is for a vocabulary of {vocab.target_size}, the head's is "
                              f"{config.vocab_size}")
     drafter = HEAD_KINDS[config.kind](folder, config, target, name or default, str(path), tree, vocab)
-    with_row_dtype(drafter.head_module(), single_row_dtype(None, torch.float32))
+    with_row_dtype(drafter.head_module())
     return drafter
