@@ -115,7 +115,7 @@ def single_row_dtype(head_dtype: str | torch.dtype | None, weights_dtype: torch.
     """The dtype a white-box head multiplies one row in (one drafted token, bound by reading its weights).
 
     ``"auto"``: float16 for float32 weights — PyTorch's CPU float16 matrix–vector kernel reads half
-    the bytes and accumulates in float32: 1.5× faster in the loop for the SmolLM2 EAGLE head, whose
+    the bytes and accumulates in float32: 1.4× faster in the loop for the SmolLM2 EAGLE head, whose
     ≈ 16 MB of weights fall out of cache between rounds. Its many-row float16 products have no fast
     CPU kernel, so wider inputs keep :func:`resolve_head_dtype`'s choice. An explicit dtype is used as given.
     """
