@@ -26,7 +26,7 @@ from draftwise.engine.session import BatchSession, check_batch_size
 from draftwise.errors import DraftwiseError
 from draftwise.models.cached_lm import CachedLM
 from draftwise.models.defaults import DEFAULT_TARGET, default_drafters
-from draftwise.models.loading import LoadOptions, context_limit, load_causal_lm
+from draftwise.models.loading import LoadOptions, context_limit, load_target
 from draftwise.request import Request, check_seed
 from draftwise.trace import GenerationResult
 
@@ -106,6 +106,7 @@ class Generator:
         draft_len: int | None = None,
         device: str = "cpu",
         dtype: str = "float32",
+        numerics: str = "auto",
         seed: int = 0,
         chat: bool | None = None,
         setup: Setup | None = None,
@@ -123,9 +124,15 @@ class Generator:
         lengths, stops, drafters×stops or an explicit list), ``max_draft``, ``stops``,
         ``arm_drafter`` — see :mod:`draftwise.decision.arms`. ``setup``: all of these parsed already
         (:meth:`Setup.parse`; its drafters, when it names them, stand for ``drafters``).
+
+        ``numerics``: how the target computes (:mod:`draftwise.models.numerics`): ``auto`` (the
+        checkpoint's own precision, token-exact: ``int4`` for the default target's 4-bit GGUF),
+        ``int4``, ``bfloat16``, ``float32`` (each token-exact on CPU), or ``native`` (as transformers
+        loads it in ``dtype``, on any device, without that guarantee). ``dtype`` is what the drafters
+        load in, and the target under ``native``.
         """
-        options = LoadOptions(device=device, dtype=dtype)
-        model, tokenizer = load_causal_lm(target, options)
+        options = LoadOptions(device=device, dtype=dtype, numerics=numerics)
+        model, tokenizer, _ = load_target(target, options)
         if setup is not None and setup.drafters is not None:
             drafters = setup.drafters
         pool = build_drafters(default_drafters(target) if drafters is None else drafters, model, tokenizer, options)

@@ -129,7 +129,8 @@ class EagleDrafter(WhiteBoxDrafter):
         past = None
         if self.keys.length:
             past = (self.keys.view().permute(1, 0, 2)[None], self.values.view().permute(1, 0, 2)[None])
-        out, (k, v) = self.head(features[None].to(embeds.dtype), embeds,
+        dtype = self.head.fc.weight.dtype  # the target's features and embedding may come in another dtype
+        out, (k, v) = self.head(features[None].to(dtype), embeds.to(dtype),
                                 torch.tensor([list(positions)], device=device), past, allowed)
         self.keys.append(k[0].transpose(0, 1))
         self.values.append(v[0].transpose(0, 1))

