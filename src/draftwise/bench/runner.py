@@ -52,7 +52,7 @@ from draftwise.bench.router_training import bench_router
 from draftwise.drafters import build_drafters
 from draftwise.drafters.suffix import forget_stored_answers
 from draftwise.errors import DraftwiseError
-from draftwise.models.loading import LoadOptions, context_limit, freeze_loaded_objects, load_causal_lm
+from draftwise.models.loading import LoadOptions, context_limit, freeze_loaded_objects, load_target
 from draftwise.request import SEED_LIMIT
 from draftwise.zoo.load import zoo_domain_of
 
@@ -197,8 +197,8 @@ def jsonable(value: Any) -> Any:
 
 
 def load_workbench(config: BenchConfig, router: Any = None) -> Workbench:
-    options = LoadOptions(device=config.device, dtype=config.dtype)
-    model, tokenizer = load_causal_lm(config.target, options)
+    options = LoadOptions(device=config.device, dtype=config.dtype, numerics=config.numerics)
+    model, tokenizer, _ = load_target(config.target, options)
     pool = build_drafters(list(config.drafters), model, tokenizer, options)
     bench = Workbench(model, tokenizer, pool, config.draft_len, config.seed, drafter_domains(pool), router,
                       config.sampling)

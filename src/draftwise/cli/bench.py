@@ -18,6 +18,7 @@ from draftwise.bench.datasets import PROMPT_SETS, ZOO_PER_DOMAIN
 from draftwise.cli.generate import add_sampling_option
 from draftwise.errors import DraftwiseError
 from draftwise.models.defaults import default_drafters
+from draftwise.models.numerics_modes import AUTO, NUMERICS_CHOICES, NUMERICS_HELP
 
 MISMATCH_EXIT = 1
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as for every Ctrl-C of the CLI
@@ -76,7 +77,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--warmup-tokens", type=int, default=16,
                    help="length of each method's untimed warm-up run (0: none)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
-    p.add_argument("--dtype", default="float32", help="model dtype (default float32)")
+    p.add_argument("--numerics", default=AUTO, choices=NUMERICS_CHOICES, help=NUMERICS_HELP)
+    p.add_argument("--dtype", default="float32",
+                   help="what drafters load in, and the target under --numerics native (default float32)")
     p.add_argument("--device", default="cpu", help="torch device of every model (default cpu; e.g. cuda)")
     p.add_argument("--batch-size", default=None, metavar="B[,B...]",
                    help="batched rounds: run every method over all prompts B at a time (continuous batching) and "
@@ -102,7 +105,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         sampling=args.sampling, repeats=args.repeats, draft_len=args.draft_len, seed=args.seed, turns=args.turns,
         per_domain=args.per_domain,
         zoo_corpus=args.zoo_corpus, router_train=args.router_train, warmup_tokens=args.warmup_tokens,
-        workers=args.workers, ray=args.ray, threads=args.threads, dtype=args.dtype, device=args.device,
+        workers=args.workers, ray=args.ray, threads=args.threads, dtype=args.dtype, numerics=args.numerics,
+        device=args.device,
         progress=not args.quiet,
     )
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from draftwise.errors import DraftwiseError
 from draftwise.models.defaults import DEFAULT_TARGET, default_drafters
+from draftwise.models.numerics_modes import AUTO, NUMERICS_CHOICES, NUMERICS_HELP
 from draftwise.request import Request, check_seed
 
 
@@ -78,7 +79,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; "
                         "1 is often fastest for small models or a busy CPU)")
-    p.add_argument("--dtype", default="float32", help="float32 (default), float16 or bfloat16")
+    p.add_argument("--numerics", default=AUTO, choices=NUMERICS_CHOICES, help=NUMERICS_HELP)
+    p.add_argument("--dtype", default="float32",
+                   help="float32 (default), float16 or bfloat16: what drafters load in, and the target under "
+                   "--numerics native")
 
 
 def add_sampling_option(p: argparse.ArgumentParser) -> None:
@@ -107,7 +111,8 @@ def load_generator(args: argparse.Namespace) -> Any:
     target = args.target or DEFAULT_TARGET
     drafters = args.drafter if args.drafter is not None else list(default_drafters(target))
     return Generator.from_pretrained(
-        target, drafters, device=args.device, dtype=args.dtype, seed=0 if args.seed is None else args.seed,
+        target, drafters, device=args.device, dtype=args.dtype, numerics=args.numerics,
+        seed=0 if args.seed is None else args.seed,
         chat=args.chat, setup=setup, drafter_head_dtype=args.drafter_head_dtype, sampling=args.sampling,
     )
 

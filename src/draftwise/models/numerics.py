@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftwise.errors import DraftwiseError
+from draftwise.models.numerics_modes import AUTO, EXACT_MODES, NUMERICS_MODES
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,8 @@ class BlockLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, block: int) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        self.dense: torch.Tensor
+        self.dense_bias: torch.Tensor | None
         self.register_buffer("dense", weight.detach().to(dtype).contiguous(), persistent=False)
         self.register_buffer("dense_bias", None if bias is None else bias.detach().to(dtype), persistent=False)
         self.block = block
@@ -170,6 +173,11 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         key, value = F.pad(key, pad), F.pad(value, pad)
     mask = padded_mask(attention_mask, batch, n, keys, padded, query.device)
     dtype = key.dtype
+    if n == 1:  # one query per row (plain decoding, a batch's plain step): the batch is the fold already
+        q = query.reshape(batch, kv_heads, group, dim).to(dtype)
+        m = mask[:, None, :, :].expand(batch, 1, group, padded).to(dtype)
+        out = F.scaled_dot_product_attention(q, key, value, attn_mask=m, scale=scaling)  # (B, H_kv, group, d)
+        return out.reshape(batch, 1, heads, dim).to(query.dtype), None
     outputs = []
     for b in range(batch):
         # (n, H_kv, group, d): query token t's heads of key head g are the rows of one product
@@ -229,14 +237,17 @@ def linear_weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None
     if isinstance(module, nn.Linear):
         return module.weight, module.bias
     if type(module).__name__ == "Conv1D" and hasattr(module, "nf"):
-        return module.weight.t(), module.bias
+        weight, bias = module.weight, module.bias
+        assert isinstance(weight, torch.Tensor) and (bias is None or isinstance(bias, torch.Tensor))
+        return weight.t(), bias
     return None
 
 
 def replace_linears(model: nn.Module, factory: LinearFactory) -> None:
     """Every linear layer of ``model`` rebuilt by ``factory``. The LM head keeps its float weight as
     ``weight`` (shared with the embedding when tied): white-box drafters read it."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    outputs = getattr(model, "get_output_embeddings", None)
+    head = outputs() if callable(outputs) else None
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             weights = linear_weights(child)
@@ -251,24 +262,20 @@ def replace_linears(model: nn.Module, factory: LinearFactory) -> None:
 
 
 def exact_names() -> list[str]:
-    return [name for name, spec in NUMERICS.items() if spec.exact]
+    return list(EXACT_MODES)
 
 
-NUMERICS: dict[str, Numerics] = {
-    spec.name: spec
-    for spec in (
-        Numerics("int4", "4-bit weights in groups of 32 (GGUF Q4_1's layout) times bfloat16 activations, float32 "
-                 "elsewhere; token-exact; CPU", Int4Linear, exact=True),
-        Numerics("bfloat16", "bfloat16 weights, products on fixed blocks of 16 rows, float32 elsewhere; "
-                 "token-exact; CPU", lambda w, b: BlockLinear(w, b, torch.bfloat16, BLOCK_ROWS), exact=True),
-        Numerics("float32", "float32 weights, one row at a time; token-exact; CPU",
-                 lambda w, b: BlockLinear(w, b, torch.float32, 1), exact=True),
-        Numerics("native", "the model as transformers computes it, in --dtype, on any device; outputs may "
-                 "differ from plain decoding at near-ties", None, exact=False,
-                 devices=("cpu", "cuda", "mps", "xpu")),
-    )
+LINEARS: dict[str, LinearFactory | None] = {
+    "int4": Int4Linear,
+    "bfloat16": lambda w, b: BlockLinear(w, b, torch.bfloat16, BLOCK_ROWS),
+    "float32": lambda w, b: BlockLinear(w, b, torch.float32, 1),
+    "native": None,
 }
-AUTO = "auto"  # the checkpoint's own precision, computed token-exact: int4 for 4-bit weights, else its dtype
+NUMERICS: dict[str, Numerics] = {
+    name: Numerics(name, summary, LINEARS[name], exact=name in EXACT_MODES,
+                   devices=("cpu",) if name in EXACT_MODES else ("cpu", "cuda", "mps", "xpu"))
+    for name, summary in NUMERICS_MODES.items()
+}
 
 
 def resolve_numerics(name: str, device: str, precision: str) -> Numerics:
