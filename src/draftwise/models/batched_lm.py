@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from draftwise.models.cached_lm import HiddenStatesMixin, PendingTree, RowBuffer, cache_keyword, common_prefix_len
+from draftwise.models.numerics import computes_exactly, padded_keys
 from draftwise.verify.tree import check_tree, tree_attention_mask, tree_positions
 
 
@@ -145,6 +146,7 @@ class BatchedLM:
         self.calls = 0
         self.reserve_s = 0.0  # seconds spent growing the buffers (inside run): not a forward's cost
         self.cache_keyword = cache_keyword(model)
+        self.exact = computes_exactly(model)
         self.plan: ForwardPlan | None = None
         self.cache = self._new_cache()
 
@@ -219,6 +221,8 @@ class BatchedLM:
         width = max(len(i.ids) for i in inputs)
         cached = [i.cached for i in inputs]
         kv_len = max(c + width for c in cached)
+        if self.exact:  # keys padded to the exact attention's multiple: read in place, never copied
+            kv_len = padded_keys(kv_len)
         self._reserve(kv_len)
         ids = torch.zeros((len(inputs), width), dtype=torch.long)
         positions = torch.zeros((len(inputs), width), dtype=torch.long)

@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from draftwise.errors import DraftwiseError
+from draftwise.models.numerics import PaddedCache, chain_mask, computes_exactly, pad_mask
 from draftwise.models.vocab_map import VocabMap, input_ids, output_size, vocab_map_of
 from draftwise.verify.tree import additive_mask, check_tree, match_path, tree_attention_mask, tree_positions
 
@@ -307,12 +308,22 @@ class CachedLM(HiddenStatesMixin):
         self.tree = None
         self.hidden = RowBuffer()  # (len(cache), H) final hidden states, when keep_hidden
 
+    @functools.cached_property
+    def exact(self) -> bool:
+        """The model runs an exact numerics: a padded cache, and an explicit mask with every forward."""
+        return computes_exactly(self.model)
+
     @property
     def cache(self) -> Any:
         if self._cache is None:
-            from transformers import DynamicCache  # transformers takes seconds to import: only when a model runs
+            if self.exact:
+                config = self.model.config
+                config = config.get_text_config() if hasattr(config, "get_text_config") else config
+                self._cache = PaddedCache(int(config.num_hidden_layers))
+            else:
+                from transformers import DynamicCache  # transformers takes seconds to import: only when a model runs
 
-            self._cache = DynamicCache(config=self.model.config)
+                self._cache = DynamicCache(config=self.model.config)
         return self._cache
 
     @torch.inference_mode()
@@ -342,8 +353,9 @@ class CachedLM(HiddenStatesMixin):
         return self._forward(list(new_tokens), n_out)
 
     def _forward(self, fresh: list[int], n_out: int) -> torch.Tensor:
+        mask = {"attention_mask": chain_mask(len(self.tokens) - len(fresh), len(fresh))} if self.exact else {}
         out = self.model(input_ids=self._ids(fresh), use_cache=True, logits_to_keep=n_out,
-                         **{self.cache_keyword: self.cache}, **self._hidden_request())
+                         **{self.cache_keyword: self.cache}, **self._hidden_request(), **mask)
         self.calls += 1
         self._record_hidden(out)
         return self._logits(out, n_out)
@@ -360,12 +372,15 @@ class CachedLM(HiddenStatesMixin):
         out = self.model(
             input_ids=self._ids(ids),
             position_ids=torch.tensor([positions], dtype=torch.long, device=self.device),
-            attention_mask=additive_mask(allowed, dtype, self.device),
+            attention_mask=self._widened(additive_mask(allowed, dtype, self.device)),
             use_cache=True, logits_to_keep=n_out, **{self.cache_keyword: self.cache}, **self._hidden_request(),
         )
         self.calls += 1
         self._record_hidden(out)
         return self._logits(out, n_out)
+
+    def _widened(self, mask: torch.Tensor) -> torch.Tensor:
+        return pad_mask(mask) if self.exact else mask
 
     def _move(self, sources: list[int], start: int) -> None:
         index = torch.tensor(sources, dtype=torch.long, device=self.device)

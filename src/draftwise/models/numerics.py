@@ -23,6 +23,7 @@ any device, any dtype, and no such guarantee (it warns once).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -167,8 +168,8 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     batch, heads, n, dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[2]
     group = heads // kv_heads
-    padded = -(-keys // KEY_MULTIPLE) * KEY_MULTIPLE
-    if padded != keys:
+    padded = padded_keys(keys)
+    if padded != keys:  # a cache without room (transformers' own): copy into padded keys
         pad = (0, 0, 0, padded - keys)
         key, value = F.pad(key, pad), F.pad(value, pad)
     mask = padded_mask(attention_mask, batch, n, keys, padded, query.device)
@@ -194,6 +195,100 @@ def register_attention() -> None:
     from transformers import AttentionInterface  # transformers takes seconds to import: only when a model loads
 
     AttentionInterface.register(ATTENTION, exact_attention)
+
+
+class PaddedLayer:
+    """One attention layer's keys and values in a buffer with room: what a forward reads is padded to a
+    multiple of 64 keys (zeros or stale entries past the length, masked out), so exact attention needs
+    no copy. The transformers cache-layer calls a decoder forward makes."""
+
+    is_sliding = False
+    is_compileable = False
+    is_initialized = True
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.length = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + key_states.shape[-2]
+        padded = padded_keys(end)
+        if self.keys is None or self.values is None or self.keys.shape[-2] < padded:
+            room = max(padded, 2 * (0 if self.keys is None else self.keys.shape[-2]))
+            grown_keys = key_states.new_zeros((*key_states.shape[:-2], room, key_states.shape[-1]))
+            grown_values = value_states.new_zeros((*value_states.shape[:-2], room, value_states.shape[-1]))
+            if self.keys is not None and self.values is not None:
+                grown_keys[..., : self.length, :] = self.keys[..., : self.length, :]
+                grown_values[..., : self.length, :] = self.values[..., : self.length, :]
+            self.keys, self.values = grown_keys, grown_values
+        self.keys[..., self.length : end, :] = key_states
+        self.values[..., self.length : end, :] = value_states
+        self.length = end
+        return self.keys[..., :padded, :], self.values[..., :padded, :]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return padded_keys(self.length + query_length), 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class PaddedCache:
+    """The KV cache of a token-following target in an exact numerics (:class:`PaddedLayer` per layer);
+    its forwards come with an explicit mask over the padded keys (:func:`chain_mask`)."""
+
+    is_compileable = False
+
+    def __init__(self, n_layers: int) -> None:
+        self.layers = [PaddedLayer() for _ in range(n_layers)]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.layers[layer_idx].update(key_states, value_states)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[layer_idx].get_seq_length()
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.layers[layer_idx].get_mask_sizes(query_length)
+
+    def crop(self, max_length: int) -> None:
+        """Keep ``max_length`` entries (a negative number: drop that many from the end), as transformers' caches."""
+        for layer in self.layers:
+            layer.length = max(0, layer.length + max_length if max_length < 0 else min(layer.length, max_length))
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+
+def padded_keys(length: int) -> int:
+    return -(-length // KEY_MULTIPLE) * KEY_MULTIPLE
+
+
+@functools.lru_cache(maxsize=64)
+def chain_mask(cached: int, new: int) -> torch.Tensor:
+    """(1, 1, new, padded) additive mask: ``new`` tokens after ``cached`` ones, causal, padding masked."""
+    padded = padded_keys(cached + new)
+    positions = torch.arange(cached, cached + new)
+    allowed = torch.arange(padded)[None, :] <= positions[:, None]
+    return torch.zeros((new, padded)).masked_fill_(~allowed, torch.finfo(torch.float32).min)[None, None]
+
+
+def pad_mask(additive: torch.Tensor) -> torch.Tensor:
+    """An additive (…, keys) mask widened to the padded keys, the padding masked."""
+    keys = additive.shape[-1]
+    extra = padded_keys(keys) - keys
+    return F.pad(additive, (0, extra), value=torch.finfo(additive.dtype).min) if extra else additive
+
+
+def computes_exactly(model: Any) -> bool:
+    """Whether ``model`` runs an exact numerics (its attention is :func:`exact_attention`)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) == ATTENTION
 
 
 # -- the modes ----------------------------------------------------------------------------------------
