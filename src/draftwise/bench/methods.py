@@ -12,7 +12,10 @@
 * ``hf-assisted:NAME`` — transformers assisted generation with that LM drafter
   (``schedule=constant`` k tokens, confidence threshold 0 — the default; ``schedule=heuristic``;
   ``schedule=default`` — transformers' own defaults);
-* ``hf-pld`` — transformers prompt-lookup decoding (``hf-pld:tokens=10,ngram=2``).
+* ``hf-pld`` — transformers prompt-lookup decoding (``hf-pld:tokens=10,ngram=2``);
+* ``llama-cpp`` — llama.cpp (llama-cpp-python, an optional extra) on the target's GGUF file, greedy,
+  same prompt ids and threads; ``llama-cpp-pld`` — with its prompt-lookup drafting
+  (``llama-cpp-pld:tokens=10``). Its numerics are its own, so its tokens are not compared with ``ar``'s.
 
 Groups expand against the pool: ``fixed:*``, ``hf-assisted:*``, ``policies:*`` (every registered
 policy and preset except the fixed/random/round-robin baselines), ``presets:*`` (the papers'
@@ -34,6 +37,7 @@ from draftwise.api import DEFAULT_DRAFT_LEN, DEFAULT_POLICY, Generator
 from draftwise.bench.router import route_table
 from draftwise.drafters import ModelDrafter
 from draftwise.errors import DraftwiseError
+from draftwise.models.named_models import NAMED_MODELS, gguf_file, is_named_model
 from draftwise.models.vocab_map import vocab_map_of
 from draftwise.options import split_spec, typed_options
 from draftwise.policies import POLICIES, PRESETS
@@ -76,6 +80,7 @@ class Workbench:
     drafter_domains: dict[str, tuple[str, ...]] = field(default_factory=dict)
     router: Any = None
     sampling: str = "coupled"  # the scheme of every draftwise generator (ar included)
+    target: str = ""  # the target's name as given (peers that load it themselves: llama.cpp)
 
     @property
     def drafter_names(self) -> list[str]:
@@ -345,6 +350,74 @@ def _hf_pld(bench: Workbench, arg: str) -> Method:
                **typed_options("method hf-pld", raw, {"tokens": 0, "ngram": 0})}
     return HFMethod("hf-pld" + (f":{arg}" if arg else ""), bench.model,
                     {"prompt_lookup_num_tokens": options["tokens"], "max_matching_ngram_size": options["ngram"]})
+
+
+# ----------------------------------------------------------------------------- llama.cpp peers
+
+
+def target_gguf(target: str) -> str:
+    """The GGUF file behind a target: a ``.gguf`` path as given, a named model's own (kept in the cache)."""
+    if target.lower().endswith(".gguf"):
+        return target
+    if is_named_model(target):
+        return str(gguf_file(target))
+    raise DraftwiseError(f"the llama-cpp methods run a GGUF file: the target must be a .gguf path or a named "
+                         f"model ({', '.join(NAMED_MODELS)}), not {target!r}")
+
+
+@dataclass
+class LlamaCppMethod:
+    """llama.cpp on the target's GGUF file, greedy, fed the same prompt ids; ``lookup`` > 0 drafts that
+    many tokens a step with its prompt-lookup decoding."""
+
+    name: str
+    gguf: str
+    eos: set[int]
+    lookup: int = 0
+    llm: Any = None
+
+    def load(self, context: int) -> Any:
+        try:
+            from llama_cpp import Llama  # the optional extra: only these methods need it
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+        except ImportError:
+            raise DraftwiseError(f"method {self.name} needs llama-cpp-python: pip install -e \".[llama-cpp]\" "
+                                 "(it builds from source: minutes)") from None
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=self.lookup) if self.lookup else None
+        threads = torch.get_num_threads()
+        return Llama(model_path=self.gguf, n_ctx=context, n_threads=threads, n_threads_batch=threads,
+                     draft_model=draft, verbose=False, seed=0)
+
+    def run(self, ids: list[int], text: str, seed: int, settings: Request) -> Output:
+        if settings.temperature > 0:
+            raise DraftwiseError(f"method {self.name} runs greedy only (temperature 0)")
+        if self.llm is None:
+            self.llm = self.load(context=8192)
+        self.llm.reset()  # no prefix kept from an earlier prompt: every run prefills its whole prompt
+        new: list[int] = []
+        start = time.perf_counter()
+        for token in self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
+            new.append(int(token))
+            if token in self.eos or len(new) >= settings.max_new_tokens:
+                break
+        wall = time.perf_counter() - start
+        stopped = "eos" if new and new[-1] in self.eos else "max_new_tokens"
+        return Output(new, wall, {"new_tokens": len(new), "stopped_by": stopped}, {})
+
+
+@register_method("llama-cpp", "llama.cpp on the target's GGUF file, greedy (optional extra llama-cpp)")
+def _llama_cpp(bench: Workbench, arg: str) -> Method:
+    return LlamaCppMethod("llama-cpp", target_gguf(bench.target), eos_ids(bench.model))
+
+
+@register_method("llama-cpp-pld", "llama.cpp with its prompt-lookup drafting: llama-cpp-pld[:tokens=K] (default 10)")
+def _llama_cpp_pld(bench: Workbench, arg: str) -> Method:
+    _, raw = split_spec(f"llama-cpp-pld:{arg}")
+    tokens = typed_options("method llama-cpp-pld", raw, {"tokens": 10}).get("tokens", 10)
+    if tokens < 1:
+        raise DraftwiseError(f"method llama-cpp-pld: tokens must be ≥ 1, got {tokens}")
+    return LlamaCppMethod("llama-cpp-pld" + (f":{arg}" if arg else ""), target_gguf(bench.target),
+                          eos_ids(bench.model), lookup=tokens)
 
 
 # ----------------------------------------------------------------------------- resolution

@@ -53,6 +53,7 @@ SUMMARY_KEYS = ("speedup", "speedup_mean_of_prompts", "tokens_per_s", "mat", "ac
 EXTRA_KEYS = ("speedup_std", "regret", "best_arm_ratio", "prompts", "runs")
 NO_DRAFTER = "none"  # the arm of plain decoding rounds
 HF_PREFIX = "hf-"  # the transformers peers (hf-ar, hf-pld, hf-assisted:NAME)
+OTHER_ENGINES = ("llama-cpp",)  # peers that run the target in their own numerics: their tokens are their own
 PACKAGES = ("draftwise", "torch", "transformers", "tokenizers", "safetensors", "numpy", "tqdm", "matplotlib", "ray")
 
 
@@ -127,6 +128,8 @@ def best_arm_ratio(rows: Sequence[dict], best: dict[tuple[str, int], tuple[str, 
 def compared(method: str, greedy: bool, coupled: bool) -> bool:
     """Whether ``method``'s outputs must equal ``ar``'s: every method under greedy decoding,
     draftwise's own under coupled sampling (the transformers peers draw with their own RNG)."""
+    if method.startswith(OTHER_ENGINES):
+        return False
     return greedy or (coupled and not method.startswith(HF_PREFIX))
 
 

@@ -201,7 +201,7 @@ def load_workbench(config: BenchConfig, router: Any = None) -> Workbench:
     model, tokenizer, _ = load_target(config.target, options)
     pool = build_drafters(list(config.drafters), model, tokenizer, options)
     bench = Workbench(model, tokenizer, pool, config.draft_len, config.seed, drafter_domains(pool), router,
-                      config.sampling)
+                      config.sampling, config.target)
     freeze_loaded_objects()  # no full garbage collection walks the models mid-run
     return bench
 

