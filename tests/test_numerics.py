@@ -112,6 +112,19 @@ def test_tiny_gpt2_and_llama_are_exact_in_every_mode(tiny_models) -> None:
             assert rows_are_independent(model, context=40, new=9), (arch, mode)
 
 
+@pytest.mark.parametrize("mode", EXACT)
+def test_rows_stay_exact_on_two_threads(mode: str) -> None:
+    """Attention runs on one thread (the kernel splits a small batch's keys across threads otherwise);
+    the products keep both."""
+    torch.set_num_threads(2)
+    try:
+        model, _, _ = load_target(ZOO_TARGET, LoadOptions(numerics=mode))  # checks 5 rows at load
+        assert rows_are_independent(model, context=150, new=9, seed=1)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
+
+
 def test_native_float32_is_not_row_exact_and_warns(caplog) -> None:
     with caplog.at_level(logging.WARNING):
         model, _, numerics = load_target(ZOO_TARGET, LoadOptions(numerics="native"))

@@ -105,8 +105,10 @@ def load_target(name: str, options: LoadOptions) -> tuple[Any, Any | None, Numer
     model, tokenizer = load_causal_lm(path, LoadOptions(options.device, dtype, options.numerics))
     numerics.apply(model)
     if numerics.exact and not rows_are_independent(model):
-        raise DraftwiseError(f"numerics {numerics.name!r} cannot make {name!r} token-exact (a layer or its attention "
-                             "is not one it rebuilds); valid for it: native")
+        others = ", ".join(n for n in NUMERICS if n != numerics.name)
+        raise DraftwiseError(f"numerics {numerics.name!r} does not compute {name!r} token-exact on "
+                             f"{torch.get_num_threads()} thread(s) (a layer or attention it cannot rebuild, or a "
+                             f"kernel that changes its sums with the threads); valid: {others}, or --threads 1")
     log.info("target %s computes in numerics %s: %s", name, numerics.name, numerics.summary)
     return model, tokenizer, numerics
 

@@ -23,9 +23,10 @@ any device, any dtype, and no such guarantee (it warns once).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,7 +114,8 @@ class BlockLinear(nn.Module):
         padded = -(-n // self.block) * self.block
         if padded != n:
             rows = torch.cat([rows, rows.new_zeros(padded - n, self.in_features)])
-        out = torch.cat([F.linear(rows[i : i + self.block], self.dense, self.dense_bias)
+        # each block copied to its own allocation: the kernels pick their path by the input's alignment too
+        out = torch.cat([F.linear(rows[i : i + self.block].clone(), self.dense, self.dense_bias)
                          for i in range(0, padded, self.block)])[:n]
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
@@ -174,21 +176,38 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         key, value = F.pad(key, pad), F.pad(value, pad)
     mask = padded_mask(attention_mask, batch, n, keys, padded, query.device)
     dtype = key.dtype
-    if n == 1:  # one query per row (plain decoding, a batch's plain step): the batch is the fold already
-        q = query.reshape(batch, kv_heads, group, dim).to(dtype)
-        m = mask[:, None, :, :].expand(batch, 1, group, padded).to(dtype)
-        out = F.scaled_dot_product_attention(q, key, value, attn_mask=m, scale=scaling)  # (B, H_kv, group, d)
-        return out.reshape(batch, 1, heads, dim).to(query.dtype), None
-    outputs = []
-    for b in range(batch):
-        # (n, H_kv, group, d): query token t's heads of key head g are the rows of one product
-        q = query[b].reshape(kv_heads, group, n, dim).permute(2, 0, 1, 3).to(dtype)
-        k = key[b : b + 1].expand(n, -1, -1, -1)
-        v = value[b : b + 1].expand(n, -1, -1, -1)
-        m = mask[b][:, None, None, :].expand(n, 1, group, padded).to(dtype)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scaling)  # (n, H_kv, group, d)
-        outputs.append(out.reshape(n, heads, dim))
-    return torch.stack(outputs).to(query.dtype), None
+    with one_thread():
+        if n == 1:  # one query per row (plain decoding, a batch's plain step): the batch is the fold already
+            q = query.reshape(batch, kv_heads, group, dim).to(dtype)
+            m = mask[:, None, :, :].expand(batch, 1, group, padded).to(dtype)
+            out = F.scaled_dot_product_attention(q, key, value, attn_mask=m, scale=scaling)  # (B, H_kv, group, d)
+            return out.reshape(batch, 1, heads, dim).to(query.dtype), None
+        outputs = []
+        for b in range(batch):
+            # (n, H_kv, group, d): query token t's heads of key head g are the rows of one product
+            q = query[b].reshape(kv_heads, group, n, dim).permute(2, 0, 1, 3).to(dtype)
+            k = key[b : b + 1].expand(n, -1, -1, -1)
+            v = value[b : b + 1].expand(n, -1, -1, -1)
+            m = mask[b][:, None, None, :].expand(n, 1, group, padded).to(dtype)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scaling)  # (n, H_kv, group, d)
+            outputs.append(out.reshape(n, heads, dim))
+        return torch.stack(outputs).to(query.dtype), None
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """PyTorch's CPU attention kernel splits the keys of a small batch across threads, which changes
+    its sums with the batch (measured with torch 2.13 on 2–8 threads): attention runs on one thread.
+    (≈ 4 µs a switch; the products around it keep every thread.)"""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def register_attention() -> None:
