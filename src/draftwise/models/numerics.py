@@ -211,9 +211,14 @@ def one_thread() -> Iterator[None]:
 
 
 def register_attention() -> None:
-    from transformers import AttentionInterface  # transformers takes seconds to import: only when a model loads
+    """Register :func:`exact_attention`, with transformers' SDPA masks: callers that hand a 2D padding
+    mask (transformers' own ``generate`` on a padded batch) get it as a 4D one (or None: causal)."""
+    # transformers takes seconds to import: only when a model loads
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     AttentionInterface.register(ATTENTION, exact_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
 
 
 class PaddedLayer:
