@@ -39,6 +39,8 @@ def _one_clear_error(code: int, err: str, message: str) -> None:
     (["--top-k", "0"], "top_k must be an integer ≥ 1, got 0"),
     (["--max-new-tokens", "-3"], "max_new_tokens must be a positive integer, got -3"),
     (["--trace", "/nonexistent-draftwise-dir/t.jsonl"], "--trace: folder /nonexistent-draftwise-dir does not exist"),
+    (["--stop", ""], "stop strings must not be empty (an empty one matches at once), got ['']"),
+    (["--stop", "\n", "--stop", ""], "stop strings must not be empty"),
 ])
 def test_generate_refuses_bad_numbers_and_paths_before_loading(tiny_models, capsys, monkeypatch, extra, message):
     import draftwise.api
@@ -49,6 +51,20 @@ def test_generate_refuses_bad_numbers_and_paths_before_loading(tiny_models, caps
     monkeypatch.setattr(draftwise.api.Generator, "from_pretrained", no_loading)
     code, _, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), *extra, "the cat")
     _one_clear_error(code, err, message)
+
+
+def test_a_nul_character_in_the_prompt_is_refused_before_loading(tiny_models, capsys, monkeypatch):
+    import draftwise.api
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the models were loaded before the prompt was checked")
+
+    monkeypatch.setattr(draftwise.api.Generator, "from_pretrained", no_loading)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"Hel\0lo")))  # printf 'Hel\0lo' | draftwise …
+    code, _, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]))
+    _one_clear_error(code, err, "the prompt on stdin contains a NUL character (\\x00) at position 3")
+    code, _, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), "the \0cat")
+    _one_clear_error(code, err, "the prompt argument contains a NUL character (\\x00) at position 4")
 
 
 def test_trace_into_a_folder_path_is_refused(tiny_models, capsys, tmp_path):
@@ -90,6 +106,67 @@ def test_library_refuses_bad_sampling_seeds_and_text(tiny_models):
     with pytest.raises(DraftwiseError, match="seed must be an integer"):
         Generator(gen.model, gen.tokenizer, [], policy="fixed", seed=-1)
     assert gen.generate("the cat", max_new_tokens=2, seed=2**64 - 1).stats.new_tokens <= 2  # the largest seed works
+
+
+@pytest.fixture(scope="module")
+def tiny_generator(tiny_models):
+    from draftwise import Generator
+
+    return Generator.from_pretrained(str(tiny_models["llama-target"]), ["pld"], policy="fixed")
+
+
+@pytest.mark.parametrize("stop", ["", [""], ["\n", ""]])
+def test_library_refuses_an_empty_stop_string_as_the_server_does(tiny_generator, stop):
+    with pytest.raises(DraftwiseError, match="stop strings must not be empty"):
+        tiny_generator.generate("the cat", max_new_tokens=4, stop=stop)
+    with pytest.raises(DraftwiseError, match="stop strings must not be empty"):
+        tiny_generator.batch_session(2).add("the cat", stop=stop)
+    assert tiny_generator.generate("the cat", max_new_tokens=4, stop=["sat"]).stats.new_tokens <= 4
+
+
+def test_library_refuses_a_nul_character_in_the_prompt(tiny_generator):
+    with pytest.raises(DraftwiseError, match=r"the prompt contains a NUL character \(\\x00\) at position 3"):
+        tiny_generator.generate("the\0 cat", max_new_tokens=2)
+
+
+@pytest.mark.parametrize("keyword, words", [
+    ("max_tokens", "unknown generation setting 'max_tokens'; did you mean max_new_tokens? valid: max_new_tokens, "
+                   "temperature, top_k, top_p, seed, stop, ignore_eos, truncate"),
+    ("temprature", "unknown generation setting 'temprature'; did you mean temperature?"),
+    ("frobnicate", "unknown generation setting 'frobnicate'; valid: max_new_tokens,"),
+])
+def test_library_names_the_valid_keywords_for_an_unknown_one(tiny_generator, keyword, words):
+    from draftwise import Request
+
+    for call in (lambda: tiny_generator.generate("the cat", **{keyword: 8}),
+                 lambda: tiny_generator.generate("the cat", Request(max_new_tokens=2), **{keyword: 8}),
+                 lambda: tiny_generator.batch_session(2).add("the cat", **{keyword: 8})):
+        with pytest.raises(DraftwiseError) as caught:
+            call()
+        assert words in str(caught.value)
+    [result] = tiny_generator.generate_batch(["the cat"], **{keyword: 8})
+    assert result.error is not None and words in result.error
+
+
+@pytest.mark.parametrize("ids, words", [
+    ([1.5, 2.0], "prompt token ids must be integers, got 1.5 at position 0"),
+    ([3, 2.0], "prompt token ids must be integers, got 2.0 at position 1"),
+    ([True, 2], "prompt token ids must be integers, got True at position 0"),
+    (["3", 4], "prompt token ids must be integers, got '3' at position 0"),
+])
+def test_library_refuses_token_ids_that_are_not_integers(tiny_generator, ids, words):
+    with pytest.raises(DraftwiseError) as caught:
+        tiny_generator.generate(ids, max_new_tokens=2)
+    assert words in str(caught.value)
+
+
+def test_integer_token_ids_of_numpy_and_torch_still_work(tiny_generator):
+    import numpy as np
+    import torch
+
+    reference = tiny_generator.generate([3, 4, 5], max_new_tokens=3, ignore_eos=True).token_ids
+    for ids in (np.array([3, 4, 5]), torch.tensor([3, 4, 5]), [np.int64(3), 4, 5]):
+        assert tiny_generator.generate(ids, max_new_tokens=3, ignore_eos=True).token_ids == reference
 
 
 # ----------------------------------------------------------------------------- sim

@@ -27,7 +27,7 @@ from draftwise.errors import DraftwiseError
 from draftwise.models.cached_lm import CachedLM
 from draftwise.models.defaults import DEFAULT_TARGET, default_drafters
 from draftwise.models.loading import LoadOptions, context_limit, load_causal_lm
-from draftwise.request import Request, check_seed
+from draftwise.request import Request, check_seed, make_request
 from draftwise.trace import GenerationResult
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ class Generator:
         Greedy when the temperature is 0 (or below :data:`~draftwise.verify.chain.GREEDY_BELOW`, 1e-5);
         ``truncate`` keeps only the last tokens of a prompt too long for the target's context.
         """
-        request = _request(request, settings)
+        request = make_request(request, settings)
         ids, query, seed = self.intake.prepare(prompt, request)
         with self.lock:
             generator = torch.Generator(device=self.target.device).manual_seed(seed)
@@ -193,8 +193,7 @@ class Generator:
             handles: list[Any] = []
             for prompt, one_seed in zip(prompts, seeds):
                 try:
-                    one = _request(request, settings) if one_seed is None else \
-                        _request(request, {**settings, "seed": one_seed})
+                    one = make_request(request, settings if one_seed is None else {**settings, "seed": one_seed})
                     handles.append(session.add(prompt, one))
                 except DraftwiseError as error:
                     handles.append(error)
@@ -219,10 +218,3 @@ def check_sampling_scheme(scheme: str) -> bool:
     if scheme not in SAMPLING_SCHEMES:
         raise DraftwiseError(f"sampling must be one of {', '.join(SAMPLING_SCHEMES)}, got {scheme!r}")
     return scheme == "coupled"
-
-
-def _request(request: Request | None, settings: dict[str, Any]) -> Request:
-    """The request a call asks for: ``request``, with any ``settings`` (a Request's fields) over it."""
-    if request is None:
-        return Request(**settings)
-    return replace(request, **settings) if settings else request

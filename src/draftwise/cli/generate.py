@@ -11,7 +11,7 @@ from typing import Any
 
 from draftwise.errors import DraftwiseError
 from draftwise.models.defaults import DEFAULT_TARGET, default_drafters
-from draftwise.request import Request, check_seed
+from draftwise.request import Request, check_prompt_text, check_seed
 
 
 def register(subparsers: Any) -> None:
@@ -143,9 +143,9 @@ def run(args: argparse.Namespace) -> int:
 def read_prompt(argument: str | None) -> str:
     """The prompt from the argument, or stdin when it is omitted or '-'; UTF-8 text, not empty."""
     if argument is None or argument == "-":
-        prompt = _read_stdin()
+        prompt = check_prompt_text(_read_stdin(), "the prompt on stdin")
     else:
-        prompt = _argument_text(argument)
+        prompt = check_prompt_text(_argument_text(argument), "the prompt argument")
     if not prompt.strip():
         raise DraftwiseError("the prompt is empty: pass it as an argument or on stdin")
     return prompt

@@ -6,7 +6,8 @@ One :class:`Intake` per target and tokenizer, shared by the single-query engine 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,7 +37,9 @@ class Intake:
         """Token ids of a prompt (text through the tokenizer, and its chat template when asked)."""
         if isinstance(prompt, str):
             return self._encode_text(prompt)
-        ids = [int(i) for i in prompt]
+        if not isinstance(prompt, Iterable):
+            raise DraftwiseError(f"the prompt must be text or a list of token ids, got {type(prompt).__name__}")
+        ids = [token_id(i, k) for k, i in enumerate(prompt)]
         if not ids:
             raise DraftwiseError("the prompt is empty")
         if (self.vocab_size and max(ids) >= self.vocab_size) or min(ids) < 0:
@@ -93,6 +96,17 @@ class Intake:
         stats = summarize(outcome.records, len(new_ids), outcome.wall_s, outcome.stopped_by,
                           outcome.extra_target_calls)
         return GenerationResult(new_ids, text, stats, outcome.records, prompt_ids=ids, seed=seed)
+
+
+def token_id(value: Any, position: int) -> int:
+    """One prompt token id: an integer (a numpy or 0-d torch integer too), never a float or a bool, which
+    ``int()`` would silently turn into another token."""
+    try:
+        if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise DraftwiseError(f"prompt token ids must be integers, got {value!r} at position {position}") from None
 
 
 def failed(message: str) -> GenerationResult:
