@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from draftwise.cli import main
+from draftwise.cli.generate import usable_cpus
 from draftwise.errors import DraftwiseError
 
 
@@ -41,6 +42,8 @@ def _one_clear_error(code: int, err: str, message: str) -> None:
     (["--trace", "/nonexistent-draftwise-dir/t.jsonl"], "--trace: folder /nonexistent-draftwise-dir does not exist"),
     (["--stop", ""], "stop strings must not be empty (an empty one matches at once), got ['']"),
     (["--stop", "\n", "--stop", ""], "stop strings must not be empty"),
+    (["--threads", "0"], "--threads must lie in [1, "),
+    (["--threads", "@too-many"], "(the CPUs this process may use), got "),
 ])
 def test_generate_refuses_bad_numbers_and_paths_before_loading(tiny_models, capsys, monkeypatch, extra, message):
     import draftwise.api
@@ -49,8 +52,19 @@ def test_generate_refuses_bad_numbers_and_paths_before_loading(tiny_models, caps
         raise AssertionError("the models were loaded before the input was checked")
 
     monkeypatch.setattr(draftwise.api.Generator, "from_pretrained", no_loading)
+    extra = [str(usable_cpus() + 1) if e == "@too-many" else e for e in extra]
     code, _, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), *extra, "the cat")
     _one_clear_error(code, err, message)
+
+
+def test_threads_beyond_the_cpus_name_the_valid_range(tiny_models, capsys, monkeypatch):
+    monkeypatch.setattr("draftwise.cli.generate.usable_cpus", lambda: 2)
+    code, _, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), "--threads", "1000", "cat")
+    _one_clear_error(code, err, "--threads must lie in [1, 2] (the CPUs this process may use), got 1000")
+    code, out, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), "--threads", "2",
+                          "--max-new-tokens", "2", "--json", "the cat")
+    assert code == 0, err
+    assert json.loads(out)["stats"]["new_tokens"] <= 2
 
 
 def test_a_nul_character_in_the_prompt_is_refused_before_loading(tiny_models, capsys, monkeypatch):

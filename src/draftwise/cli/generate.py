@@ -76,8 +76,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     add_sampling_option(p)
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's choice; "
-                        "1 is often fastest for small models or a busy CPU)")
+                   help="torch CPU threads, from 1 to the CPUs this process may use (more is refused: extra "
+                        "threads only wait for each other); default: torch's choice; 1 is often fastest for small "
+                        "models or a busy CPU")
     p.add_argument("--dtype", default="float32", help="float32 (default), float16 or bfloat16")
 
 
@@ -101,15 +102,30 @@ def load_generator(args: argparse.Namespace) -> Any:
                         max_draft=args.max_draft, stops=args.stops.split(",") if args.stops else None,
                         arm_drafter=args.arm_drafter)
     if args.threads is not None:
-        if args.threads < 1:
-            raise DraftwiseError(f"--threads must be ≥ 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(check_threads(args.threads))
     target = args.target or DEFAULT_TARGET
     drafters = args.drafter if args.drafter is not None else list(default_drafters(target))
     return Generator.from_pretrained(
         target, drafters, device=args.device, dtype=args.dtype, seed=0 if args.seed is None else args.seed,
         chat=args.chat, setup=setup, drafter_head_dtype=args.drafter_head_dtype, sampling=args.sampling,
     )
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity masks
+        return os.cpu_count() or 1
+
+
+def check_threads(threads: int) -> int:
+    """A ``--threads`` value between 1 and the usable CPUs: torch's threads spin-wait for each other, so each
+    one past the CPU count makes every forward slower (1000 threads on 2 CPUs: 16× slower)."""
+    cpus = usable_cpus()
+    if not 1 <= threads <= cpus:
+        raise DraftwiseError(f"--threads must lie in [1, {cpus}] (the CPUs this process may use), got {threads}")
+    return threads
 
 
 def run(args: argparse.Namespace) -> int:
