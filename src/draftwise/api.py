@@ -161,14 +161,16 @@ class Generator:
         """Generate for ``prompt`` as ``request`` asks — or as ``settings`` do, the fields of a
         :class:`~draftwise.request.Request` given as keywords (``max_new_tokens=64, temperature=0.7``).
         Greedy when the temperature is 0 (or below :data:`~draftwise.verify.chain.GREEDY_BELOW`, 1e-5);
-        ``truncate`` keeps only the last tokens of a prompt too long for the target's context.
+        ``truncate`` shortens a prompt too long for the target's context to fit with room for the answer:
+        text loses the start of its own text (the chat template stays whole), token ids their first tokens;
+        a warning and ``result.stats.prompt_tokens_cut`` say how many tokens went.
         """
         request = make_request(request, settings)
         ids, query, seed = self.intake.prepare(prompt, request)
         with self.lock:
             generator = torch.Generator(device=self.target.device).manual_seed(seed)
             outcome = self.engine.run(ids, query, generator, np.random.default_rng(seed))
-            return self.intake.result(ids, outcome, seed)
+            return self.intake.result(ids, outcome, seed, query.prompt_cut)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], request: Request | None = None, *,
                        seed: int | Sequence[int] | None = None, batch_size: int = 32, decide: str = "query",

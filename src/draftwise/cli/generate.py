@@ -35,7 +35,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop once this text appears (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
-    p.add_argument("--truncate", action="store_true", help="keep the last tokens of a prompt too long for the context")
+    p.add_argument("--truncate", action="store_true",
+                   help="shorten a prompt too long for the context: the start of its text is cut, the chat template "
+                   "and the room for the answer are kept (a warning says how many tokens were cut)")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     p.add_argument("--trace", metavar="FILE", help="write the per-round trace as JSONL")
     p.set_defaults(func=run)
@@ -142,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = result.to_dict()
         keys = ("new_tokens", "rounds", "target_calls", "mat", "acceptance_rate", "tokens_per_s", "wall_s", "pulls",
-                "stopped_by")
+                "stopped_by", "prompt_tokens_cut")
         out["stats"] = {k: out["stats"][k] for k in keys}
         print(json.dumps(out))
     else:

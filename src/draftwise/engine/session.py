@@ -157,4 +157,4 @@ class BatchSession:
         assert lane is not None
         outcome = self.engine.leave(lane, reason)
         self.active.remove(handle)
-        handle.result = self.intake.result(handle.prompt_ids, outcome, handle.seed)
+        handle.result = self.intake.result(handle.prompt_ids, outcome, handle.seed, handle.settings.prompt_cut)
