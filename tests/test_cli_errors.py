@@ -6,8 +6,10 @@ from __future__ import annotations
 import io
 import json
 import math
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -181,6 +183,44 @@ def test_integer_token_ids_of_numpy_and_torch_still_work(tiny_generator):
     reference = tiny_generator.generate([3, 4, 5], max_new_tokens=3, ignore_eos=True).token_ids
     for ids in (np.array([3, 4, 5]), torch.tensor([3, 4, 5]), [np.int64(3), 4, 5]):
         assert tiny_generator.generate(ids, max_new_tokens=3, ignore_eos=True).token_ids == reference
+
+
+# ----------------------------------------------------------------------------- hub ids
+
+
+def _closed_loopback_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]  # closed on leaving: nothing listens there
+
+
+@pytest.mark.parametrize("setup", ["HF_HUB_OFFLINE", "unreachable endpoint"])
+def test_an_unknown_hub_id_fails_at_once_when_the_hub_cannot_be_reached(capsys, monkeypatch, setup):
+    """No retries for half a minute: one probe at most (to a closed loopback port here, never further), then
+    the local Hugging Face cache only, and one line."""
+    reached: list[tuple[str, int]] = []
+    connect = socket.create_connection
+
+    def loopback_only(address, *args, **kwargs):
+        reached.append(address)
+        assert address[0] == "127.0.0.1", f"a connection to {address} was tried"
+        return connect(address, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", loopback_only)
+    port = _closed_loopback_port()
+    if setup == "HF_HUB_OFFLINE":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        reason = "HF_HUB_OFFLINE is set"
+    else:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        reason = f"the Hugging Face hub (127.0.0.1:{port}) cannot be reached"
+    start = time.perf_counter()
+    code, _, err = _run(capsys, "generate", "--target", "someorg/nonexistent-model", "--max-new-tokens", "8", "Hi")
+    assert time.perf_counter() - start < 10
+    _one_clear_error(code, err, "cannot load model 'someorg/nonexistent-model': it is not a local folder nor in the "
+                     f"Hugging Face cache, and {reason}; pass a local folder or a .gguf file")
+    assert reached == ([] if setup == "HF_HUB_OFFLINE" else [("127.0.0.1", port)])
 
 
 # ----------------------------------------------------------------------------- sim

@@ -115,6 +115,15 @@ def test_an_interrupted_fetch_leaves_no_half_written_model(fake_spec, monkeypatc
     assert (resolve_named_model("fake") / COMPLETE).exists()  # the next call starts afresh
 
 
+def test_the_hub_probe_follows_hf_endpoint(monkeypatch) -> None:
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    assert named_models.hub_address() == ("huggingface.co", 443)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:8080/")
+    assert named_models.hub_address() == ("127.0.0.1", 8080)
+    monkeypatch.setenv("HF_ENDPOINT", "https://mirror.example")
+    assert named_models.hub_address() == ("mirror.example", 443)
+
+
 def test_nothing_reachable_is_one_error_naming_a_local_copy(fake_spec, monkeypatch) -> None:
     monkeypatch.setattr(named_models.subprocess, "run", lambda command, **_: subprocess.CompletedProcess(command, 1))
     with pytest.raises(DraftwiseError, match=r"--target PATH.*\.gguf"):
