@@ -69,7 +69,7 @@ def main() -> None:
             for m in modes:
                 times[m, k].append(forward_ms(caches[m], context, k, generator, vocab))
     plain: dict[str, list[float]] = {m: [] for m in modes}
-    for m, gen in gens.items():
+    for gen in gens.values():
         gen.generate(PROMPTS[0], max_new_tokens=8)  # warm-up
     for prompt in PROMPTS:
         for m, gen in gens.items():

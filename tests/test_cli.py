@@ -73,12 +73,39 @@ def test_empty_prompt(tiny_models, capsys) -> None:
     assert code == 2 and "prompt is empty" in err
 
 
-def test_truncate_keeps_the_prompt_tail(tiny_models, capsys) -> None:
+def test_truncate_keeps_the_prompt_tail(tiny_models, capsys, caplog) -> None:
     long_prompt = " ".join(["the cat sat"] * 90)  # 270 tokens > 256
     code, out, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), "--truncate",
                           "--max-new-tokens", "6", "--ignore-eos", "--json", long_prompt)
     assert code == 0, err
-    assert json.loads(out)["stats"]["new_tokens"] == 6
+    stats = json.loads(out)["stats"]
+    assert stats["new_tokens"] == 6
+    assert stats["prompt_tokens_cut"] == 270 - (256 - 6)  # what the context leaves for the prompt, no more
+    assert "20 of its 270 tokens cut from the start of its text" in caplog.text
+
+
+def test_truncate_cuts_the_text_and_keeps_the_chat_template() -> None:
+    """A prompt far over the context: the start of the user's text goes, the chat template's header and the
+    assistant's turn stay, and the result says how many tokens were cut."""
+    from draftwise import Generator
+
+    gen = Generator.from_pretrained("zoo:target", drafters=["pld"])
+    question = "What is 2 + 2?"
+    text = " ".join(f"item{i}" for i in range(320)) + " " + question
+    full = gen.encode(text)
+    assert gen.max_context is not None and len(full) > gen.max_context
+    result = gen.generate(text, max_new_tokens=8, truncate=True)
+    kept = gen.tokenizer.decode(result.prompt_ids)
+    assert kept.startswith("<|user|>\n") and kept.endswith(f"{question}\n<|assistant|>\n"), kept[:40] + kept[-40:]
+    assert "item0 " not in kept and "item319" in kept
+    assert len(result.prompt_ids) + 8 <= gen.max_context
+    assert result.stats.prompt_tokens_cut == len(full) - len(result.prompt_ids) > 0
+    session = gen.batch_session(2)
+    handle = session.add(text, max_new_tokens=8, truncate=True)
+    session.run()
+    assert handle.result is not None and handle.result.prompt_ids == result.prompt_ids
+    assert handle.result.stats.prompt_tokens_cut == result.stats.prompt_tokens_cut
+    assert gen.generate(full, max_new_tokens=8, truncate=True).prompt_ids == full[-(gen.max_context - 8):]
 
 
 def test_help_explains_every_option(capsys) -> None:

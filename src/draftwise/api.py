@@ -27,7 +27,7 @@ from draftwise.errors import DraftwiseError
 from draftwise.models.cached_lm import CachedLM
 from draftwise.models.defaults import DEFAULT_TARGET, default_drafters
 from draftwise.models.loading import LoadOptions, context_limit, load_target
-from draftwise.request import Request, check_seed
+from draftwise.request import Request, check_seed, make_request
 from draftwise.trace import GenerationResult
 
 log = logging.getLogger(__name__)
@@ -168,14 +168,16 @@ class Generator:
         """Generate for ``prompt`` as ``request`` asks — or as ``settings`` do, the fields of a
         :class:`~draftwise.request.Request` given as keywords (``max_new_tokens=64, temperature=0.7``).
         Greedy when the temperature is 0 (or below :data:`~draftwise.verify.chain.GREEDY_BELOW`, 1e-5);
-        ``truncate`` keeps only the last tokens of a prompt too long for the target's context.
+        ``truncate`` shortens a prompt too long for the target's context to fit with room for the answer:
+        text loses the start of its own text (the chat template stays whole), token ids their first tokens;
+        a warning and ``result.stats.prompt_tokens_cut`` say how many tokens went.
         """
-        request = _request(request, settings)
+        request = make_request(request, settings)
         ids, query, seed = self.intake.prepare(prompt, request)
         with self.lock:
             generator = torch.Generator(device=self.target.device).manual_seed(seed)
             outcome = self.engine.run(ids, query, generator, np.random.default_rng(seed))
-            return self.intake.result(ids, outcome, seed)
+            return self.intake.result(ids, outcome, seed, query.prompt_cut)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], request: Request | None = None, *,
                        seed: int | Sequence[int] | None = None, batch_size: int = 32, decide: str = "query",
@@ -200,8 +202,7 @@ class Generator:
             handles: list[Any] = []
             for prompt, one_seed in zip(prompts, seeds):
                 try:
-                    one = _request(request, settings) if one_seed is None else \
-                        _request(request, {**settings, "seed": one_seed})
+                    one = make_request(request, settings if one_seed is None else {**settings, "seed": one_seed})
                     handles.append(session.add(prompt, one))
                 except DraftwiseError as error:
                     handles.append(error)
@@ -226,10 +227,3 @@ def check_sampling_scheme(scheme: str) -> bool:
     if scheme not in SAMPLING_SCHEMES:
         raise DraftwiseError(f"sampling must be one of {', '.join(SAMPLING_SCHEMES)}, got {scheme!r}")
     return scheme == "coupled"
-
-
-def _request(request: Request | None, settings: dict[str, Any]) -> Request:
-    """The request a call asks for: ``request``, with any ``settings`` (a Request's fields) over it."""
-    if request is None:
-        return Request(**settings)
-    return replace(request, **settings) if settings else request

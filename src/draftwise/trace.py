@@ -81,6 +81,7 @@ class Stats:
     tokens_per_s: float
     pulls: dict[str, int]
     stopped_by: str  # "eos", "max_new_tokens", "stop_string", "interrupted"
+    prompt_tokens_cut: int = 0  # prompt tokens cut to fit the target's context (Request.truncate)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -12,7 +12,7 @@ from typing import Any
 from draftwise.errors import DraftwiseError
 from draftwise.models.defaults import DEFAULT_TARGET, default_drafters
 from draftwise.models.numerics_modes import AUTO, NUMERICS_CHOICES, NUMERICS_HELP
-from draftwise.request import Request, check_seed
+from draftwise.request import Request, check_prompt_text, check_seed
 
 
 def register(subparsers: Any) -> None:
@@ -36,7 +36,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop once this text appears (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
-    p.add_argument("--truncate", action="store_true", help="keep the last tokens of a prompt too long for the context")
+    p.add_argument("--truncate", action="store_true",
+                   help="shorten a prompt too long for the context: the start of its text is cut, the chat template "
+                   "and the room for the answer are kept (a warning says how many tokens were cut)")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     p.add_argument("--trace", metavar="FILE", help="write the per-round trace as JSONL")
     p.set_defaults(func=run)
@@ -77,8 +79,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     add_sampling_option(p)
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's choice; "
-                        "1 is often fastest for small models or a busy CPU)")
+                   help="torch CPU threads, from 1 to the CPUs this process may use (more is refused: extra "
+                        "threads only wait for each other); default: torch's choice; 1 is often fastest for small "
+                        "models or a busy CPU")
     p.add_argument("--numerics", default=AUTO, choices=NUMERICS_CHOICES, help=NUMERICS_HELP)
     p.add_argument("--dtype", default="float32",
                    help="float32 (default), float16 or bfloat16: what drafters load in, and the target under "
@@ -105,9 +108,7 @@ def load_generator(args: argparse.Namespace) -> Any:
                         max_draft=args.max_draft, stops=args.stops.split(",") if args.stops else None,
                         arm_drafter=args.arm_drafter)
     if args.threads is not None:
-        if args.threads < 1:
-            raise DraftwiseError(f"--threads must be ≥ 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(check_threads(args.threads))
     target = args.target or DEFAULT_TARGET
     drafters = args.drafter if args.drafter is not None else list(default_drafters(target))
     return Generator.from_pretrained(
@@ -115,6 +116,23 @@ def load_generator(args: argparse.Namespace) -> Any:
         seed=0 if args.seed is None else args.seed,
         chat=args.chat, setup=setup, drafter_head_dtype=args.drafter_head_dtype, sampling=args.sampling,
     )
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity masks
+        return os.cpu_count() or 1
+
+
+def check_threads(threads: int) -> int:
+    """A ``--threads`` value between 1 and the usable CPUs: torch's threads spin-wait for each other, so each
+    one past the CPU count makes every forward slower (1000 threads on 2 CPUs: 16× slower)."""
+    cpus = usable_cpus()
+    if not 1 <= threads <= cpus:
+        raise DraftwiseError(f"--threads must lie in [1, {cpus}] (the CPUs this process may use), got {threads}")
+    return threads
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = result.to_dict()
         keys = ("new_tokens", "rounds", "target_calls", "mat", "acceptance_rate", "tokens_per_s", "wall_s", "pulls",
-                "stopped_by")
+                "stopped_by", "prompt_tokens_cut")
         out["stats"] = {k: out["stats"][k] for k in keys}
         print(json.dumps(out))
     else:
@@ -148,9 +166,9 @@ def run(args: argparse.Namespace) -> int:
 def read_prompt(argument: str | None) -> str:
     """The prompt from the argument, or stdin when it is omitted or '-'; UTF-8 text, not empty."""
     if argument is None or argument == "-":
-        prompt = _read_stdin()
+        prompt = check_prompt_text(_read_stdin(), "the prompt on stdin")
     else:
-        prompt = _argument_text(argument)
+        prompt = check_prompt_text(_argument_text(argument), "the prompt argument")
     if not prompt.strip():
         raise DraftwiseError("the prompt is empty: pass it as an argument or on stdin")
     return prompt

@@ -6,7 +6,8 @@ One :class:`Intake` per target and tokenizer, shared by the single-query engine 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,7 +37,9 @@ class Intake:
         """Token ids of a prompt (text through the tokenizer, and its chat template when asked)."""
         if isinstance(prompt, str):
             return self._encode_text(prompt)
-        ids = [int(i) for i in prompt]
+        if not isinstance(prompt, Iterable):
+            raise DraftwiseError(f"the prompt must be text or a list of token ids, got {type(prompt).__name__}")
+        ids = [token_id(i, k) for k, i in enumerate(prompt)]
         if not ids:
             raise DraftwiseError("the prompt is empty")
         if (self.vocab_size and max(ids) >= self.vocab_size) or min(ids) < 0:
@@ -60,7 +63,7 @@ class Intake:
     def prepare(self, prompt: str | Sequence[int], request: Request) -> tuple[list[int], QuerySettings, int]:
         """A query's token ids, its request resolved against this target, and its seed (one clear error)."""
         sampling = sampling_settings(request.temperature, request.top_k, request.top_p)
-        ids = self.fit_context(self.encode(prompt), request.max_new_tokens, request.truncate)
+        ids, cut = self.fit_context(prompt, request.max_new_tokens, request.truncate)
         if request.stop and self.tokenizer is None:
             raise DraftwiseError("stop strings need a tokenizer")
         settings = QuerySettings(
@@ -68,31 +71,79 @@ class Intake:
             sampling=replace(sampling, coupled=self.coupled),
             eos_ids=frozenset() if request.ignore_eos else self.eos_ids,
             stop_check=stop_checker(self.tokenizer, list(request.stop)) if request.stop else None,
+            prompt_cut=cut,
         )
         return ids, settings, self.seed if request.seed is None else request.seed
 
-    def fit_context(self, ids: list[int], max_new_tokens: int, truncate: bool) -> list[int]:
-        """The prompt's ids, its last tokens only when it must be cut to leave room for the answer."""
+    def fit_context(self, prompt: str | Sequence[int], max_new_tokens: int,
+                    truncate: bool) -> tuple[list[int], int]:
+        """The prompt's ids and how many of its tokens were cut to leave room for the answer (only when
+        ``truncate``). Text loses the start of its own text, never the chat template or special tokens
+        around it, which the answer depends on; token ids lose their first tokens."""
+        ids = self.encode(prompt)
         limit = self.max_context
         if limit is None or len(ids) + max_new_tokens <= limit:
-            return ids
+            return ids, 0
         room = limit - max_new_tokens
-        if not truncate or room < 1:
+        if not truncate:
             raise DraftwiseError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's context "
                 f"of {limit} tokens; shorten the prompt, lower max_new_tokens, or truncate the prompt "
-                "(--truncate / truncate=True keeps its last tokens)"
+                "(--truncate / truncate=True keeps the end of its text)"
             )
-        log.warning("prompt truncated from %d to its last %d tokens", len(ids), room)
-        return ids[-room:]
+        if isinstance(prompt, str):
+            kept = self._shorten_text(prompt, ids, room, max_new_tokens)
+            what = "from the start of its text (the chat template and special tokens kept)"
+        elif room >= 1:
+            kept = ids[-room:]
+            what = "from its start"
+        else:
+            raise DraftwiseError(f"max_new_tokens ({max_new_tokens}) leaves no room in the target's context of "
+                                 f"{limit} tokens for the prompt; lower max_new_tokens")
+        log.warning("prompt truncated to fit the target's context of %d tokens with max_new_tokens %d: %d of its %d "
+                    "tokens cut %s", limit, max_new_tokens, len(ids) - len(kept), len(ids), what)
+        return kept, len(ids) - len(kept)
 
-    def result(self, ids: list[int], outcome: QueryOutcome, seed: int) -> GenerationResult:
-        """A finished query's tokens, text and statistics."""
+    def _shorten_text(self, prompt: str, ids: list[int], room: int, max_new_tokens: int) -> list[int]:
+        """Token ids of the end of ``prompt``'s text, wrapped as ``ids`` wrap the whole text, in ``room`` tokens."""
+        tokenizer = self.tokenizer
+        assert tokenizer is not None  # the text was encoded already
+        text_ids = [int(i) for i in tokenizer(prompt, add_special_tokens=False)["input_ids"]]
+        frame = max(0, len(ids) - len(text_ids))  # the chat template and special tokens around the text
+        keep = min(room - frame, len(text_ids) - 1)
+        # A cut text may tokenize a little differently where it now begins: re-encode, and keep less if need be.
+        while keep >= 1:
+            piece = tokenizer.decode(text_ids[-keep:], clean_up_tokenization_spaces=False).lstrip("\ufffd")
+            if not piece.strip():
+                break
+            kept = self._encode_text(piece)
+            if len(kept) <= room:
+                return kept
+            keep -= len(kept) - room
+        raise DraftwiseError(
+            f"the prompt cannot be truncated to fit the target's context of {self.max_context} tokens: "
+            f"max_new_tokens ({max_new_tokens}) and the {frame} tokens of the chat template and special tokens "
+            "leave no room for its text; lower max_new_tokens")
+
+    def result(self, ids: list[int], outcome: QueryOutcome, seed: int, prompt_cut: int = 0) -> GenerationResult:
+        """A finished query's tokens, text and statistics (``prompt_cut``: prompt tokens truncation cut)."""
         new_ids = outcome.tokens[len(ids):]
         text = self.tokenizer.decode(new_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
         stats = summarize(outcome.records, len(new_ids), outcome.wall_s, outcome.stopped_by,
                           outcome.extra_target_calls)
+        stats.prompt_tokens_cut = prompt_cut
         return GenerationResult(new_ids, text, stats, outcome.records, prompt_ids=ids, seed=seed)
+
+
+def token_id(value: Any, position: int) -> int:
+    """One prompt token id: an integer (a numpy or 0-d torch integer too), never a float or a bool, which
+    ``int()`` would silently turn into another token."""
+    try:
+        if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise DraftwiseError(f"prompt token ids must be integers, got {value!r} at position {position}") from None
 
 
 def failed(message: str) -> GenerationResult:

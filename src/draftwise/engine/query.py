@@ -24,6 +24,7 @@ class QuerySettings:
     sampling: Sampling
     eos_ids: frozenset[int]
     stop_check: StopCheck | None = None
+    prompt_cut: int = 0  # prompt tokens cut to fit the context (Request.truncate)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ from draftwise.engine.intake import Intake
 from draftwise.engine.query import QuerySettings
 from draftwise.errors import DraftwiseError
 from draftwise.models.grad_modes import GradModes, interrupted
-from draftwise.request import Request
+from draftwise.request import Request, make_request
 from draftwise.trace import GenerationResult, summarize
 
 log = logging.getLogger(__name__)
@@ -75,11 +75,7 @@ class BatchSession:
         """Queue a query (``request``, or its fields as keywords, as for
         :meth:`~draftwise.api.Generator.generate`); it joins the batch at the next :meth:`step` with room.
         Bad arguments raise :class:`DraftwiseError` here."""
-        if request is None:
-            request = Request(**settings)
-        elif settings:
-            request = replace(request, **settings)
-        ids, query, seed = self.intake.prepare(prompt, request)
+        ids, query, seed = self.intake.prepare(prompt, make_request(request, settings))
         handle = BatchQuery(ids, query, seed)
         with self.lock:
             self.waiting.append(handle)
@@ -161,4 +157,4 @@ class BatchSession:
         assert lane is not None
         outcome = self.engine.leave(lane, reason)
         self.active.remove(handle)
-        handle.result = self.intake.result(handle.prompt_ids, outcome, handle.seed)
+        handle.result = self.intake.result(handle.prompt_ids, outcome, handle.seed, handle.settings.prompt_cut)

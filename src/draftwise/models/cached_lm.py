@@ -353,7 +353,9 @@ class CachedLM(HiddenStatesMixin):
         return self._forward(list(new_tokens), n_out)
 
     def _forward(self, fresh: list[int], n_out: int) -> torch.Tensor:
-        mask = {"attention_mask": chain_mask(len(self.tokens) - len(fresh), len(fresh), self.device)} if self.exact else {}
+        mask = {}
+        if self.exact:
+            mask["attention_mask"] = chain_mask(len(self.tokens) - len(fresh), len(fresh), self.device)
         out = self.model(input_ids=self._ids(fresh), use_cache=True, logits_to_keep=n_out,
                          **{self.cache_keyword: self.cache}, **self._hidden_request(), **mask)
         self.calls += 1

@@ -15,7 +15,16 @@ import torch
 
 from draftwise.errors import DraftwiseError
 from draftwise.models.cached_lm import CachedLM
-from draftwise.models.named_models import COMPLETE, gguf_folder, is_named_model, resolve_named_model
+from draftwise.models.named_models import (
+    COMPLETE,
+    check_loaded_weights,
+    gguf_folder,
+    hub_reachable,
+    hub_unreachable_reason,
+    is_named_model,
+    one_line,
+    resolve_named_model,
+)
 from draftwise.models.numerics import AUTO, NUMERICS, Numerics, resolve_numerics
 from draftwise.zoo import resolve_zoo_name
 
@@ -55,6 +64,8 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # what a folder's tokenizer is read from
+
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
@@ -69,30 +80,57 @@ def _check_location(name: str, path: str) -> None:
 
 
 def load_causal_lm(name: str, options: LoadOptions) -> tuple[Any, Any | None]:
-    """Load ``AutoModelForCausalLM`` and (when it has one) its tokenizer from a path or hub id."""
+    """Load ``AutoModelForCausalLM`` and (when it has one) its tokenizer from a path or hub id. A checkpoint
+    that cannot be read (damaged or cut-short weights, a config its weights do not fit) is one clear error."""
     # transformers takes seconds to import: this module is read by every command, which loads a model only to run
+    from huggingface_hub.errors import StrictDataclassError
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = os.path.expanduser(resolve_model_path(name))
     _check_location(name, path)
+    local = os.path.isdir(path)
+    # A hub id while the hub cannot be reached: the local Hugging Face cache only, at once (transformers would
+    # retry the connection for half a minute before failing the same way)
+    cache_only = not local and not hub_reachable()
+    if cache_only and not _in_hub_cache(path):
+        raise DraftwiseError(f"cannot load model {name!r}: it is not a local folder nor in the Hugging Face cache, "
+                             f"and {hub_unreachable_reason()}; pass a local folder or a .gguf file")
     dtype = options.torch_dtype()
     try:
-        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except (OSError, ValueError) as exc:
-        where = ("" if os.path.isdir(path)
-                 else " (not a local directory, and the hub is unreachable or has no such model)")
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise DraftwiseError(f"cannot load model {name!r}{where}: {first}") from None
+        loaded: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=cache_only,
+                                                           ignore_mismatched_sizes=True, output_loading_info=True)
+        model, info = loaded  # output_loading_info: the model and what loading it found
+    # a missing or unreadable file, a config transformers refuses, weights that are not safetensors
+    except (OSError, ValueError, StrictDataclassError, SafetensorError) as exc:
+        if cache_only:
+            where = f" (from the Hugging Face cache: {hub_unreachable_reason()})"
+        elif not local:
+            where = " (not a local folder, and the Hugging Face hub has no such model)"
+        else:
+            where = ""
+        detail = one_line(exc)
+        if isinstance(exc, SafetensorError):
+            detail = f"its safetensors weights are damaged or cut short ({detail}); copy or download them again"
+        raise DraftwiseError(f"cannot load model {name!r}{where}: {detail}") from None
+    check_loaded_weights(name, info)
     try:
         model.to(options.device)
     except (RuntimeError, AssertionError) as exc:
         raise DraftwiseError(f"cannot move model {name!r} to device {options.device!r}: {exc}") from None
     model.eval()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, TypeError):
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=cache_only)
+    except (OSError, ValueError, TypeError) as exc:
+        # A folder without tokenizer files is a model of token ids (drafters often are); one whose tokenizer
+        # files do not load is damaged, and must not pass for the other
+        present = [f for f in TOKENIZER_FILES if local and os.path.isfile(os.path.join(path, f))]
+        if present:
+            raise DraftwiseError(f"cannot load the tokenizer of model {name!r} ({', '.join(present)}): "
+                                 f"{one_line(exc)}; copy or download it again, or remove its files to work with "
+                                 "token ids only") from None
         tokenizer = None
-        log.info("model %s has no tokenizer; token ids only", name)
+        log.info("model %s has no tokenizer files: it takes and returns token ids only", name)
     return model, tokenizer
 
 
@@ -133,6 +171,16 @@ def checkpoint_precision(location: str) -> str:
         if dtype in ("bfloat16", "float16"):
             return "bfloat16"
     return "float32"
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds the config of the hub model ``repo_id``."""
+    from huggingface_hub import try_to_load_from_cache  # as transformers: only when loading
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a valid repository id
+        return False
 
 
 def context_limit(model: Any) -> int | None:

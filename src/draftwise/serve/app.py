@@ -206,7 +206,7 @@ class Service:
 
     # -- a request -----------------------------------------------------------------------------------------
     def job(self, request: SamplingRequest, prompt_ids: list[int]) -> Job:
-        param = "max_completion_tokens" if request.kind == "chat" else "max_tokens"
+        param = request.max_tokens_field
         context = self.generator.max_context
         max_tokens = request.max_tokens
         if max_tokens is None:

@@ -20,6 +20,7 @@ from draftwise.request import SEED_LIMIT
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; temperature 0 (or below 1e-5) is greedy: exactly the target's argmax path
 MAX_STOPS = 4  # as OpenAI
+MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]; the library alone takes any temperature ≥ 0
 
 
 class APIError(Exception):
@@ -53,6 +54,7 @@ class SamplingRequest:
     prompt: str | list[int] | None  # completions: text or token ids
     messages: list[dict[str, str]] | None  # chat: role / content, text only
     max_tokens: int | None  # None: the endpoint's default (completions 16, chat: the rest of the context)
+    max_tokens_field: str  # the field the client set it with (or the endpoint's own): errors name it
     temperature: float
     top_p: float | None
     top_k: int | None
@@ -133,7 +135,7 @@ def parse_completion(body: dict[str, Any], served: str) -> SamplingRequest:
     if "prompt" not in body or body["prompt"] is None:
         raise bad_request("missing required field 'prompt' (a string, or a list of token ids)", param="prompt",
                           code="missing_required_parameter")
-    return _common(body, served, "completion", prompt=_prompt(body["prompt"]), max_tokens=body.get("max_tokens"))
+    return _common(body, served, "completion", prompt=_prompt(body["prompt"]))
 
 
 def parse_chat(body: dict[str, Any], served: str) -> SamplingRequest:
@@ -142,8 +144,7 @@ def parse_chat(body: dict[str, Any], served: str) -> SamplingRequest:
     if "messages" not in body or body["messages"] is None:
         raise bad_request("missing required field 'messages' (a list of {\"role\", \"content\"} objects)",
                           param="messages", code="missing_required_parameter")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    return _common(body, served, "chat", messages=_messages(body["messages"]), max_tokens=max_tokens)
+    return _common(body, served, "chat", messages=_messages(body["messages"]))
 
 
 def _check_fields(body: dict[str, Any], known: frozenset[str]) -> None:
@@ -166,7 +167,7 @@ def _same_number(a: Any, b: Any) -> bool:
 
 
 def _common(body: dict[str, Any], served: str, kind: str, *, prompt: str | list[int] | None = None,
-            messages: list[dict[str, str]] | None = None, max_tokens: Any = None) -> SamplingRequest:
+            messages: list[dict[str, str]] | None = None) -> SamplingRequest:
     model = body.get("model")
     if model is not None and model != served:
         raise APIError(404, f"the model {model!r} does not exist; this server serves {served!r} (GET /v1/models)",
@@ -190,10 +191,15 @@ def _common(body: dict[str, Any], served: str, kind: str, *, prompt: str | list[
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise bad_request(f"ignore_eos must be true or false, got {json.dumps(ignore_eos)}", param="ignore_eos")
+    # chat takes either name (max_tokens is the older one; max_completion_tokens wins when both are set), and
+    # errors name the one the client sent: without either, the endpoint's own
+    if kind == "chat" and (body.get("max_completion_tokens") is not None or body.get("max_tokens") is None):
+        field = "max_completion_tokens"
+    else:
+        field = "max_tokens"
     return SamplingRequest(
         kind=kind, model=served, prompt=prompt, messages=messages,
-        max_tokens=_max_tokens(max_tokens, "max_completion_tokens" if "max_completion_tokens" in body
-                               else "max_tokens"),
+        max_tokens=_max_tokens(body.get(field), field), max_tokens_field=field,
         temperature=_temperature(body.get("temperature")), top_p=_top_p(body.get("top_p")),
         top_k=_top_k(body.get("top_k")), seed=_seed(body.get("seed")), stop=_stops(body.get("stop")),
         stream=stream, include_usage=bool(options.get("include_usage", False)), ignore_eos=ignore_eos,
@@ -265,9 +271,9 @@ def _max_tokens(value: Any, name: str) -> int | None:
 def _temperature(value: Any) -> float:
     if value is None:
         return DEFAULT_TEMPERATURE
-    if not (_is_number(value) and math.isfinite(value) and value >= 0):
-        raise bad_request(f"temperature must be a number ≥ 0 (0 = greedy), got {json.dumps(value)}",
-                          param="temperature")
+    if not (_is_number(value) and math.isfinite(value) and 0 <= value <= MAX_TEMPERATURE):
+        raise bad_request(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0 = greedy), got "
+                          f"{json.dumps(value)}", param="temperature")
     return float(value)
 
 
@@ -311,8 +317,8 @@ def check_context(prompt_tokens: int, max_tokens: int, context: int | None, para
     if context is None or prompt_tokens + max_tokens <= context:
         return
     room = context - prompt_tokens
-    hint = f"max_tokens ≤ {room}" if room > 0 else "a shorter prompt"
-    raise bad_request(f"this model's context is {context} tokens; the prompt has {prompt_tokens} and max_tokens asks "
+    hint = f"{param} ≤ {room}" if room > 0 else "a shorter prompt"
+    raise bad_request(f"this model's context is {context} tokens; the prompt has {prompt_tokens} and {param} asks "
                       f"for {max_tokens} more ({prompt_tokens + max_tokens} in all); ask for {hint}", param=param,
                       code="context_length_exceeded")
 

@@ -132,9 +132,13 @@ class Scheduler:
         with self._cond:
             if self._closing:
                 raise Overloaded("the server is shutting down")
-            if self._running + len(self._waiting) >= self.max_batch + self.queue_size:
-                raise Overloaded(f"{self._running} requests are running and {len(self._waiting)} waiting "
-                                 f"(--max-batch {self.max_batch}, --queue-size {self.queue_size})")
+            held = self._running + len(self._waiting)
+            if held >= self.max_batch + self.queue_size:
+                # Jobs queued while the batch has room join it at the next round: they count as running, so
+                # the counts match the two limits (the queue only holds what the batch cannot take).
+                running = min(held, self.max_batch)
+                raise Overloaded(f"{running} requests are running (--max-batch {self.max_batch}) and "
+                                 f"{held - running} waiting (--queue-size {self.queue_size})")
             self._waiting.append(job)
             self._cond.notify()
 
