@@ -11,7 +11,7 @@ from draftwise.models.defaults import DEFAULT_TARGET, default_drafters
 from draftwise.zoo import zoo_drafter_names, zoo_head_names
 
 PROMPT = "Write a Python function that returns the square of a number."
-NEW = 24
+NEW = 96  # a short check can pass by luck
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +53,40 @@ def test_each_drafter_kind_keeps_the_target_s_tokens(real_target: Generator, dra
 
 def test_the_default_pool_is_the_target_s_own() -> None:
     assert default_drafters(DEFAULT_TARGET) == ("zoo:all", "pld", "suffix")
+
+
+@pytest.mark.parametrize("mode", ["int4", "bfloat16", "float32"])
+def test_every_exact_numerics_gives_each_row_the_bits_of_one_token_forwards(mode: str) -> None:
+    """The property behind token-exact speculation, on the real target: k = 1…16 new tokens after a
+    cache against one-token forwards, and a batch's rows against each query alone."""
+    import random
+
+    from draftwise.models.batched_lm import BatchedLM
+    from draftwise.models.cached_lm import CachedLM
+    from draftwise.models.loading import LoadOptions, load_target
+
+    torch.set_num_threads(1)
+    model, _, numerics = load_target(DEFAULT_TARGET, LoadOptions(numerics=mode))
+    assert numerics.name == mode
+    rng = random.Random(mode)
+    vocab = model.config.vocab_size
+    context = [rng.randrange(vocab) for _ in range(90)]
+    stepwise = CachedLM(model)
+    stepwise.logits(context)
+    new = [rng.randrange(vocab) for _ in range(16)]
+    ones = [stepwise.logits(context + new[: j + 1])[0] for j in range(16)]
+    for k in (2, 5, 9, 16):
+        whole = CachedLM(model).logits(context + new[:k], k)
+        assert all(torch.equal(whole[j], ones[j]) for j in range(k)), k
+    batch = BatchedLM(model)
+    rows = [batch.add_row() for _ in range(3)]
+    seqs = [context[: 30 + 20 * i] for i in range(3)]
+    got = batch.run([row.chain_input(seq, 1) for row, seq in zip(rows, seqs)])
+    alone = [CachedLM(model).logits(seq, 1) for seq in seqs]
+    assert all(torch.equal(a, b) for a, b in zip(got, alone))
+
+
+def test_the_default_target_computes_in_its_own_4_bit_precision(real_target: Generator) -> None:
+    from draftwise.models.numerics import Int4Linear
+
+    assert isinstance(real_target.target.model.model.layers[0].mlp.down_proj, Int4Linear)
