@@ -244,7 +244,7 @@ def collect(args: Any) -> dict[str, Any]:
 
     register_rule_policy()
     prompts = dev_prompts(args)
-    model, tokenizer, options = zoo_target(args.target)
+    model, tokenizer, options = zoo_target(args.target, args.numerics)
     pool = build_drafters(["zoo:all", *LOOKUPS], model, tokenizer, options)
     attach_banks(pool)
     lms = {d.name: d for d in pool if isinstance(d, ModelDrafter)}

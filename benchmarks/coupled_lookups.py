@@ -32,7 +32,7 @@ def main() -> None:
     from draftwise import Generator
     from draftwise.drafters import build_drafters
 
-    model, tokenizer, options = zoo_target(args.target)
+    model, tokenizer, options = zoo_target(args.target, args.numerics)
     texts: list[list[int]] | None = None
     print(f"{'config':24s} {'tokens':>7s} {'rounds':>7s} {'MAT':>6s} {'drafted':>8s} {'accepted':>9s}")
     for label, (arms, pool) in CONFIGS.items():

@@ -20,6 +20,8 @@ def dev_set_parser(doc: str | None, per_domain: int, threads: int = 1,
     parser.add_argument("--threads", type=int, default=threads)
     parser.add_argument("--target", default="zoo:target",
                         help="the target: the toy zoo's (zoo:target), a named model (smollm2) or a folder")
+    parser.add_argument("--numerics", default="auto",
+                        help="how the target computes (docs/numerics.md; default: its own precision, token-exact)")
     parser.add_argument("--split", default="dev", choices=("dev", "test"),
                         help="the zoo split (dev: the tuning set; test: held out, an out-of-domain check)")
     parser.add_argument("--prompt-file", default=None, metavar="JSONL",
@@ -46,13 +48,13 @@ def dev_prompts(args: argparse.Namespace, seed: int = 0) -> list[Any]:
     return zoo_prompts(find_zoo_corpus(args.zoo_corpus), args.split, args.per_domain, seed)
 
 
-def zoo_target(name: str = "zoo:target") -> tuple[Any, Any, Any]:
-    """The target (the toy zoo's by default), its tokenizer and the load options the scripts build
-    drafters with."""
-    from draftwise.models.loading import LoadOptions, load_causal_lm, resolve_model_path
+def zoo_target(name: str = "zoo:target", numerics: str = "auto") -> tuple[Any, Any, Any]:
+    """The target (the toy zoo's by default) in ``numerics``, its tokenizer and the load options the
+    scripts build drafters with."""
+    from draftwise.models.loading import LoadOptions, load_target
 
-    options = LoadOptions()
-    model, tokenizer = load_causal_lm(resolve_model_path(name), options)
+    options = LoadOptions(numerics=numerics)
+    model, tokenizer, _ = load_target(name, options)
     return model, tokenizer, options
 
 

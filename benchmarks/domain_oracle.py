@@ -44,7 +44,7 @@ def main() -> None:
     from draftwise.policies import make_policy
 
     prompts = dev_prompts(args)
-    model, tokenizer, options = zoo_target(args.target)
+    model, tokenizer, options = zoo_target(args.target, args.numerics)
     pool = build_drafters(["zoo:all", "pld", "suffix"], model, tokenizer, options)
     models = [d.name for d in pool if isinstance(d, ModelDrafter)]
     arms = ["suffix@8", "pld@8", *[f"{n}@{k}" for k in (4, 3) for n in models], "none"]

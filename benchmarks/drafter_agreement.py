@@ -35,7 +35,7 @@ def main() -> None:
     from draftwise.drafters import DraftContext, build_drafters
     from draftwise.verify.chain import Sampling, warp
 
-    model, tokenizer, options = zoo_target(args.target)
+    model, tokenizer, options = zoo_target(args.target, args.numerics)
     drafters = build_drafters(["zoo:all"], model, tokenizer, options)
     names = [d.name for d in drafters]
     plain = Generator(model, tokenizer, [], policy="fixed")

@@ -54,7 +54,7 @@ def main() -> None:
     from draftwise import Generator
     from draftwise.drafters import build_drafters
 
-    model, tokenizer, options = zoo_target(args.target)
+    model, tokenizer, options = zoo_target(args.target, args.numerics)
     plain = Generator(model, tokenizer, [], policy="fixed")
     lookup = Generator(model, tokenizer, build_drafters(["suffix"], model, tokenizer, options), policy="fixed",
                        arms=f"suffix@{args.draft_len}")

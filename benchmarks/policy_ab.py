@@ -100,7 +100,7 @@ def main() -> None:
     from draftwise.drafters.suffix import forget_stored_answers
 
     register_rule_policy()
-    model, tokenizer, options = zoo_target(args.target)
+    model, tokenizer, options = zoo_target(args.target, args.numerics)
     generators = {"ar": Generator(model, tokenizer, [], policy="fixed")}
     for item in args.config:
         label, _, spec = item.partition("=")
