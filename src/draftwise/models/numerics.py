@@ -53,6 +53,8 @@ class Int4Linear(nn.Module):
     weight-only kernel. Each output row depends on its input row only, whatever the number of rows.
     Input and output keep their dtype (float32 in the residual stream)."""
 
+    kernel_args: tuple[torch.Tensor, int, torch.Tensor]
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
@@ -67,10 +69,20 @@ class Int4Linear(nn.Module):
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1), persistent=False)
         self.register_buffer("scales_zeros", scales_zeros, persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        # what every call reads, as plain attributes: a module's buffers are slow to look up
+        self.__dict__["kernel_args"] = (self.packed, GROUP, self.scales_zeros)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        out = super()._apply(fn, recurse)
+        self._refresh()
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.scales_zeros)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, *self.kernel_args)
         out = out[:, : self.out_features].to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 
@@ -363,22 +375,79 @@ def linear_weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None
     return None
 
 
+# Sibling projections of one input, multiplied as one product: fewer, larger kernel calls
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class SharedProduct(nn.Module):
+    """One product for several sibling layers that read the same input (a Llama layer's q, k and v
+    projections): the first sibling called computes all of their outputs, the others take theirs."""
+
+    def __init__(self, layer: nn.Module, parts: int) -> None:
+        super().__init__()
+        self.layer = layer
+        # (input, output, shares taken) in a plain list: a module's own attributes are slow to set
+        self.last: list[Any] = [None, None, 0]
+        self.parts = parts
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        last = self.last
+        if last[0] is not x:
+            last[0], last[1], last[2] = x, self.layer(x), 0
+        out = last[1]
+        last[2] += 1
+        if last[2] == self.parts:  # every sibling has its share: hold no activations between forwards
+            last[0] = last[1] = None
+        return out
+
+
+class FusedPart(nn.Module):
+    """A sibling layer's share (output columns ``start:stop``) of a :class:`SharedProduct`."""
+
+    def __init__(self, shared: SharedProduct, start: int, stop: int) -> None:
+        super().__init__()
+        self.shared = shared
+        self.start, self.stop = start, stop
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shared.product(x)[..., self.start : self.stop]
+
+
 def replace_linears(model: nn.Module, factory: LinearFactory) -> None:
-    """Every linear layer of ``model`` rebuilt by ``factory``. The LM head keeps its float weight as
-    ``weight`` (shared with the embedding when tied): white-box drafters read it."""
+    """Every linear layer of ``model`` rebuilt by ``factory``, siblings of one input (``FUSED``) as one
+    product. The LM head keeps its float weight as ``weight`` (shared with the embedding when tied):
+    white-box drafters read it."""
     outputs = getattr(model, "get_output_embeddings", None)
     head = outputs() if callable(outputs) else None
     for module in list(model.modules()):
+        for names in FUSED:
+            found = [linear_weights(getattr(module, name, nn.Identity())) for name in names]
+            weights = [w for w in found if w is not None]
+            if len(weights) == len(names) and len({w.shape[1] for w, _ in weights}) == 1:
+                fuse(module, names, weights, factory)
         for child_name, child in list(module.named_children()):
-            weights = linear_weights(child)
-            if weights is not None:
-                replacement = factory(*weights)
+            found_weights = linear_weights(child)
+            if found_weights is not None:
+                replacement = factory(*found_weights)
                 if child is head:
                     replacement.weight = child.weight
                 setattr(module, child_name, replacement)
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "tie_word_embeddings", False):
         config.tie_word_embeddings = False  # the head computes with its own weights now; never tie them back
+
+
+def fuse(module: nn.Module, names: tuple[str, ...], weights: list[tuple[torch.Tensor, torch.Tensor | None]],
+         factory: LinearFactory) -> None:
+    """Replace ``module``'s layers ``names`` by parts of one product over their stacked weights."""
+    stacked = torch.cat([w for w, _ in weights])
+    biases = [b if b is not None else w.new_zeros(w.shape[0]) for w, b in weights]
+    bias = None if all(b is None for _, b in weights) else torch.cat(biases)
+    shared = SharedProduct(factory(stacked, bias), len(names))
+    start = 0
+    for name, (weight, _) in zip(names, weights):
+        setattr(module, name, FusedPart(shared, start, start + weight.shape[0]))
+        start += weight.shape[0]
 
 
 def exact_names() -> list[str]:
