@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from draftwise.models.cached_lm import HiddenStatesMixin, PendingTree, RowBuffer, cache_keyword, common_prefix_len
+from draftwise.models.layered_cache import LayeredCache
 from draftwise.models.numerics import computes_exactly, padded_keys
 from draftwise.verify.tree import check_tree, tree_attention_mask, tree_positions
 
@@ -111,26 +112,11 @@ class ForwardPlan:
     kv_len: int  # slots visible to this forward (the longest row's cache + its new tokens)
 
 
-class RowCache:
+class RowCache(LayeredCache):
     """The transformers ``Cache`` surface a decoder forward touches, over :class:`RowLayer` buffers."""
 
-    is_compileable = False
-
     def __init__(self, owner: BatchedLM, n_layers: int) -> None:
-        self.layers = [RowLayer(owner) for _ in range(n_layers)]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.layers[layer_idx].update(key_states, value_states)
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.layers[layer_idx].get_seq_length()
-
-    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return self.layers[layer_idx].get_mask_sizes(query_length)
-
-    def __len__(self) -> int:
-        return len(self.layers)
+        self.layers: list[RowLayer] = [RowLayer(owner) for _ in range(n_layers)]
 
 
 class BatchedLM:

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftwise.errors import DraftwiseError
+from draftwise.models.layered_cache import LayeredCache
 from draftwise.models.numerics_modes import AUTO, EXACT_MODES, NUMERICS_MODES
 
 log = logging.getLogger(__name__)
@@ -274,32 +275,17 @@ class PaddedLayer:
         return -1
 
 
-class PaddedCache:
+class PaddedCache(LayeredCache):
     """The KV cache of a token-following target in an exact numerics (:class:`PaddedLayer` per layer);
     its forwards come with an explicit mask over the padded keys (:func:`chain_mask`)."""
 
-    is_compileable = False
-
     def __init__(self, n_layers: int) -> None:
-        self.layers = [PaddedLayer() for _ in range(n_layers)]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.layers[layer_idx].update(key_states, value_states)
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.layers[layer_idx].get_seq_length()
-
-    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return self.layers[layer_idx].get_mask_sizes(query_length)
+        self.layers: list[PaddedLayer] = [PaddedLayer() for _ in range(n_layers)]
 
     def crop(self, max_length: int) -> None:
         """Keep ``max_length`` entries (a negative number: drop that many from the end), as transformers' caches."""
         for layer in self.layers:
             layer.length = max(0, layer.length + max_length if max_length < 0 else min(layer.length, max_length))
-
-    def __len__(self) -> int:
-        return len(self.layers)
 
 
 def padded_keys(length: int) -> int:
