@@ -128,6 +128,25 @@ def _subvocab_twin(target: torch.nn.Module, keep: list[int]) -> torch.nn.Module:
     return twin
 
 
+def batch_round(rng, vocab: int, rows, refs, seqs, tree: bool, max_draft: int):
+    """One round of random drafts for every row of a batched cache and its reference cache alone:
+    (the batch's inputs, the logits each reference gives). ``tree``: every row drafts a random tree.
+    Each sequence grows by one token and part of its chain draft (a rejection cuts the rest)."""
+    inputs, expected = [], []
+    for row, ref, seq in zip(rows, refs, seqs):
+        seq.append(rng.randrange(vocab))
+        draft = [rng.randrange(vocab) for _ in range(rng.randrange(0, max_draft + 1))]
+        if tree:  # depth-based positions, the accepted path kept
+            parents = [-1] + [rng.randrange(-1, i) for i in range(1, len(draft))] if draft else []
+            inputs.append(row.tree_input(seq, draft, parents))
+            expected.append(ref.tree_logits(seq, draft, parents))
+            continue
+        inputs.append(row.chain_input(seq + draft, len(draft) + 1))
+        expected.append(ref.logits(seq + draft, len(draft) + 1))
+        seq.extend(draft[: rng.randrange(0, len(draft) + 1)])
+    return inputs, expected
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return build_models(tmp_path_factory.mktemp("tiny-models"))

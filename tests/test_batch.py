@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import batch_round
 from test_lossless_sampling import DRAFTERS, DRAWS, NEW, PROMPT, _model, chi_square_p, exact_joint
 from test_whitebox import TREES, heads_dir, llama  # noqa: F401 (fixtures)
 
@@ -88,18 +89,7 @@ def test_batched_cache_gives_each_row_its_own_logits(tiny_models, arch) -> None:
             seqs.append([rng.randrange(vocab) for _ in range(5)])
             rows[-1].logits(seqs[-1][:-1])
             refs[-1].logits(seqs[-1][:-1])
-        inputs, expected = [], []
-        for row, ref, seq in zip(rows, refs, seqs):
-            seq.append(rng.randrange(vocab))
-            draft = [rng.randrange(vocab) for _ in range(rng.randrange(0, 6))]
-            if step % 5 == 4:  # a draft tree: depth-based positions, the accepted path kept
-                parents = [-1] + [rng.randrange(-1, i) for i in range(1, len(draft))] if draft else []
-                inputs.append(row.tree_input(seq, draft, parents))
-                expected.append(ref.tree_logits(seq, draft, parents))
-                continue
-            inputs.append(row.chain_input(seq + draft, len(draft) + 1))
-            expected.append(ref.logits(seq + draft, len(draft) + 1))
-            seq.extend(draft[: rng.randrange(0, len(draft) + 1)])
+        inputs, expected = batch_round(rng, vocab, rows, refs, seqs, tree=step % 5 == 4, max_draft=5)
         order = list(range(len(inputs)))
         rng.shuffle(order)  # results come back in the order asked, whatever the rows
         got = batch.run([inputs[i] for i in order])

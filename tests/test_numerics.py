@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from conftest import batch_round
 
 from draftwise import Generator
 from draftwise.errors import DraftwiseError
@@ -68,18 +69,7 @@ def test_each_row_of_a_batch_gets_what_it_gets_alone(zoo_model) -> None:
     for row, ref, seq in zip(rows, refs, seqs):
         assert torch.equal(row.logits(seq, 2), ref.logits(seq, 2))
     for step in range(8):
-        inputs, expected = [], []
-        for row, ref, seq in zip(rows, refs, seqs):
-            seq.append(rng.randrange(vocab))
-            draft = [rng.randrange(vocab) for _ in range(rng.randrange(0, 9))]
-            if step % 4 == 3:  # a draft tree
-                parents = [-1] + [rng.randrange(-1, i) for i in range(1, len(draft))] if draft else []
-                inputs.append(row.tree_input(seq, draft, parents))
-                expected.append(ref.tree_logits(seq, draft, parents))
-                continue
-            inputs.append(row.chain_input(seq + draft, len(draft) + 1))
-            expected.append(ref.logits(seq + draft, len(draft) + 1))
-            seq.extend(draft[: rng.randrange(0, len(draft) + 1)])
+        inputs, expected = batch_round(rng, vocab, rows, refs, seqs, tree=step % 4 == 3, max_draft=8)
         for got, want in zip(batch.run(inputs), expected):
             assert torch.equal(got, want), step
 

@@ -528,7 +528,8 @@ def test_sigterm_finishes_the_request_in_flight_then_the_state_survives_a_restar
     assert outcome["reply"].usage.completion_tokens == 48
     assert server.proc.wait(30) == 0, server.output()
     saved = json.loads(server.state.read_text())
-    assert saved["format"] == "draftwise-learner-state" and saved["arms"] == ["suffix/pld@8", "suffix/pld@3", "auto@4", "none"]
+    assert saved["format"] == "draftwise-learner-state"
+    assert saved["arms"] == ["suffix/pld@8", "suffix/pld@3", "auto@4", "none"]
 
     again = ServerProcess(server.state.parent)  # the same --state file
     try:
