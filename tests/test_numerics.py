@@ -16,7 +16,15 @@ from draftwise.errors import DraftwiseError
 from draftwise.models.batched_lm import BatchedLM
 from draftwise.models.cached_lm import CachedLM
 from draftwise.models.loading import LoadOptions, checkpoint_precision, load_target, rows_are_independent
-from draftwise.models.numerics import GROUP, NUMERICS, Int4Linear, exact_names, quantize_int4, resolve_numerics
+from draftwise.models.numerics import (
+    GROUP,
+    NUMERICS,
+    Int4Linear,
+    exact_names,
+    lean_layers,
+    quantize_int4,
+    resolve_numerics,
+)
 
 EXACT = exact_names()
 ZOO_TARGET = "zoo:target"
@@ -93,6 +101,22 @@ def test_speculation_equals_plain_decoding_in_every_mode(mode: str) -> None:
     assert [r.token_ids for r in batched] == [plain.generate(p, **settings).token_ids for p in PROMPTS]
     sampled = dict(settings, temperature=0.8, seed=3)
     assert spec.generate(PROMPTS[0], **sampled).token_ids == plain.generate(PROMPTS[0], **sampled).token_ids
+
+
+def test_the_lean_llama_layers_compute_what_transformers_layers_compute(zoo_model) -> None:
+    """Exact modes run a Llama layer as one function (no per-module calls): the same operations, so
+    the same bits as transformers' own layer forward on the same rebuilt parts."""
+    model, _ = zoo_model
+    layers = [m for m in model.modules() if type(m).__name__ == "LlamaDecoderLayer"]
+    assert layers and all("forward" in vars(layer) for layer in layers)
+    tokens = list(range(3, 90))
+    lean = CachedLM(model).logits(tokens, 4)
+    for layer in layers:
+        del layer.forward  # transformers' own
+    try:
+        assert torch.equal(CachedLM(model).logits(tokens, 4), lean)
+    finally:
+        lean_layers(model)
 
 
 def test_tiny_gpt2_and_llama_are_exact_in_every_mode(tiny_models) -> None:

@@ -346,6 +346,7 @@ class Numerics:
         except (ValueError, AttributeError) as exc:
             raise DraftwiseError(f"numerics {self.name!r} needs a model whose attention transformers can swap "
                                  f"({type(model).__name__} cannot: {exc}); valid for it: native") from None
+        lean_layers(model)
         return model
 
 
@@ -397,6 +398,53 @@ class FusedPart(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.shared.product(x)[..., self.start : self.stop]
+
+
+def rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    """transformers' Llama RMSNorm, the same operations in the same order."""
+    rows = x.to(torch.float32)
+    rows = rows * torch.rsqrt(rows.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * rows.to(x.dtype)
+
+
+def lean_llama_forward(layer: Any) -> Callable[..., torch.Tensor]:
+    """A Llama decoder layer's forward as one function over its (rebuilt) parts: the operations of
+    transformers' own, without its per-module calls, decorators and keyword plumbing. Its
+    sub-modules' parameters stay the model's."""
+    attention, mlp = layer.self_attn, layer.mlp
+    first, second = layer.input_layernorm, layer.post_attention_layernorm
+    q_proj, k_proj, v_proj, o_proj = (attention.q_proj.forward, attention.k_proj.forward,
+                                      attention.v_proj.forward, attention.o_proj.forward)
+    gate, up, down, act = mlp.gate_proj.forward, mlp.up_proj.forward, mlp.down_proj.forward, mlp.act_fn
+    head_dim, scaling, index = attention.head_dim, attention.scaling, attention.layer_idx
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # with the model: loaded already
+
+    def forward(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                cache: Any = None, **kwargs: Any) -> torch.Tensor:
+        cache = kwargs.get("past_key_values") if cache is None else cache
+        rows = hidden_states.shape[:-1]
+        heads = (*rows, -1, head_dim)
+        x = rms_norm(hidden_states, first)
+        query, key, value = (p(x).view(heads).transpose(1, 2) for p in (q_proj, k_proj, v_proj))
+        assert position_embeddings is not None, "Llama's forward hands every layer its rotary tables"
+        query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
+        if cache is not None:
+            key, value = cache.update(key, value, index)
+        out, _ = exact_attention(attention, query, key, value, attention_mask, scaling=scaling)
+        hidden_states = hidden_states + o_proj(out.reshape(*rows, -1))
+        x = rms_norm(hidden_states, second)
+        return hidden_states + down(act(gate(x)) * up(x))
+
+    return forward
+
+
+def lean_layers(model: nn.Module) -> int:
+    """Give every transformers ``LlamaDecoderLayer`` of ``model`` its lean forward; how many."""
+    layers = [m for m in model.modules() if type(m).__name__ == "LlamaDecoderLayer"]
+    for layer in layers:
+        layer.forward = lean_llama_forward(layer)
+    return len(layers)
 
 
 def replace_linears(model: nn.Module, factory: LinearFactory) -> None:
