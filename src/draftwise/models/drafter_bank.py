@@ -8,7 +8,8 @@ weights with ``torch.bmm``. Drafters of one shape share a :class:`LlamaBank`; ea
 through a :class:`BankLM` view with the :class:`~draftwise.models.cached_lm.CachedLM` interface, and the
 evaluation phase feeds the newly verified tokens to *all* of them in one batched forward.
 
-The target always runs through transformers' own forward.
+The target runs through transformers' model (in an exact numerics with its layers rebuilt:
+:mod:`draftwise.models.numerics`), never through a bank.
 
 The LM head (vocab × hidden: most of a small drafter's weights) is read on every drafted token
 and by every evaluation phase. Where the CPU multiplies bfloat16 natively (AVX512-BF16 / AMX)
