@@ -79,15 +79,16 @@ def _check_location(name: str, path: str) -> None:
         raise DraftwiseError(f"model path {name!r} does not exist")
 
 
-def load_causal_lm(name: str, options: LoadOptions) -> tuple[Any, Any | None]:
+def load_causal_lm(name: str, options: LoadOptions, path: str | None = None) -> tuple[Any, Any | None]:
     """Load ``AutoModelForCausalLM`` and (when it has one) its tokenizer from a path or hub id. A checkpoint
-    that cannot be read (damaged or cut-short weights, a config its weights do not fit) is one clear error."""
+    that cannot be read (damaged or cut-short weights, a config its weights do not fit) is one clear error,
+    naming ``name`` as given; ``path``: where ``name`` resolves to, when the caller resolved it already."""
     # transformers takes seconds to import: this module is read by every command, which loads a model only to run
     from huggingface_hub.errors import StrictDataclassError
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = os.path.expanduser(resolve_model_path(name))
+    path = os.path.expanduser(path or resolve_model_path(name))
     _check_location(name, path)
     local = os.path.isdir(path)
     # A hub id while the hub cannot be reached: the local Hugging Face cache only, at once (transformers would
@@ -140,7 +141,7 @@ def load_target(name: str, options: LoadOptions) -> tuple[Any, Any | None, Numer
     path = resolve_model_path(name)  # once: a named model may be fetched, a GGUF file converted
     numerics = resolve_numerics(options.numerics, options.device, checkpoint_precision(path))
     dtype = options.dtype if numerics.linear is None else "float32"  # exact modes build on the float weights
-    model, tokenizer = load_causal_lm(path, LoadOptions(options.device, dtype, options.numerics))
+    model, tokenizer = load_causal_lm(name, LoadOptions(options.device, dtype, options.numerics), path)
     numerics.apply(model)
     if numerics.exact and not rows_are_independent(model):
         others = ", ".join(n for n in NUMERICS if n != numerics.name)
