@@ -20,6 +20,7 @@ import torch
 
 from draftwise import Generator
 from draftwise.models.cached_lm import CachedLM
+from draftwise.models.loading import rows_are_independent
 from draftwise.models.numerics_modes import NUMERICS_MODES
 
 CONTEXT = 200
@@ -34,14 +35,6 @@ def forward_ms(lm: CachedLM, context: list[int], k: int, generator: torch.Genera
     start = time.perf_counter()
     lm.logits(context + new, k)
     return (time.perf_counter() - start) * 1000
-
-
-def exact_rows(model: object, context: list[int], k: int, generator: torch.Generator, vocab: int) -> bool:
-    new = torch.randint(0, vocab, (k,), generator=generator).tolist()
-    whole = CachedLM(model).logits(context + new, k)
-    stepwise = CachedLM(model)
-    stepwise.logits(context)
-    return all(torch.equal(stepwise.logits(context + new[: j + 1])[0], whole[j]) for j in range(k))
 
 
 def main() -> None:
@@ -83,7 +76,7 @@ def main() -> None:
     for m in modes:
         one = statistics.median(times[m, 1])
         ratios = " | ".join(f"{statistics.median(times[m, k]) / one:.2f}×" for k in TOKENS[1:])
-        exact = exact_rows(gens[m].model, context, 9, generator, vocab)
+        exact = rows_are_independent(gens[m].model, context=CONTEXT, new=9)
         print(f"| {m} | {one:.1f} | {ratios} | {'yes' if exact else 'no'} | {statistics.median(plain[m]):.1f} |")
 
 

@@ -20,13 +20,13 @@ from draftwise.models.numerics import (
     GROUP,
     NUMERICS,
     Int4Linear,
-    exact_names,
     lean_layers,
     quantize_int4,
     resolve_numerics,
 )
+from draftwise.models.numerics_modes import EXACT_MODES
 
-EXACT = exact_names()
+EXACT = list(EXACT_MODES)
 ZOO_TARGET = "zoo:target"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from draftwise.models.defaults import DEFAULT_TARGET, ZOO_POOL
+from draftwise.models.numerics_modes import AUTO
 from draftwise.request import Request
 
 DEFAULT_POOL = ZOO_POOL  # zoo:all: the zoo drafters of whichever target is benched
@@ -43,7 +44,7 @@ class BenchConfig:
     ray: str | None = None
     threads: int = 1  # torch threads per worker
     dtype: str = "float32"
-    numerics: str = "auto"  # how the target computes (draftwise.models.numerics)
+    numerics: str = AUTO  # how the target computes (draftwise.models.numerics)
     device: str = "cpu"  # torch device of every model (cuda, cuda:1, mps, ...)
     progress: bool = True
 

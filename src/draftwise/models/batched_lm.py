@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from draftwise.models.cached_lm import HiddenStatesMixin, PendingTree, RowBuffer, cache_keyword, common_prefix_len
-from draftwise.models.layered_cache import LayeredCache
+from draftwise.models.layered_cache import LayeredCache, decoder_layers
 from draftwise.models.numerics import computes_exactly, padded_keys
 from draftwise.verify.tree import check_tree, tree_attention_mask, tree_positions
 
@@ -137,9 +137,7 @@ class BatchedLM:
         self.cache = self._new_cache()
 
     def _new_cache(self) -> RowCache:
-        config = self.model.config
-        config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        return RowCache(self, int(config.num_hidden_layers))
+        return RowCache(self, decoder_layers(self.model))
 
     def buffer_shape(self, states: torch.Tensor) -> tuple[int, int, int, int]:
         return (max(len(self.rows), 1), states.shape[1], max(self.capacity, 1), states.shape[3])

@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from draftwise.errors import DraftwiseError
+from draftwise.models.layered_cache import decoder_layers
 from draftwise.models.numerics import PaddedCache, chain_mask, computes_exactly, pad_mask
 from draftwise.models.vocab_map import VocabMap, input_ids, output_size, vocab_map_of
 from draftwise.verify.tree import additive_mask, check_tree, match_path, tree_attention_mask, tree_positions
@@ -317,9 +318,7 @@ class CachedLM(HiddenStatesMixin):
     def cache(self) -> Any:
         if self._cache is None:
             if self.exact:
-                config = self.model.config
-                config = config.get_text_config() if hasattr(config, "get_text_config") else config
-                self._cache = PaddedCache(int(config.num_hidden_layers))
+                self._cache = PaddedCache(decoder_layers(self.model))
             else:
                 from transformers import DynamicCache  # transformers takes seconds to import: only when a model runs
 

@@ -8,6 +8,13 @@ from typing import Any
 import torch
 
 
+def decoder_layers(model: Any) -> int:
+    """How many decoder layers (each with its own keys and values) ``model``'s text config declares."""
+    config = model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(config.num_hidden_layers)
+
+
 class LayeredCache:
     """Each call goes to the layer it names; ``layers`` (objects with ``update``, ``get_seq_length`` and
     ``get_mask_sizes``) is set by the subclass."""

@@ -25,7 +25,7 @@ from draftwise.models.named_models import (
     one_line,
     resolve_named_model,
 )
-from draftwise.models.numerics import AUTO, NUMERICS, Numerics, resolve_numerics
+from draftwise.models.numerics import AUTO, NUMERICS, Numerics, numerics_named, resolve_numerics
 from draftwise.zoo import resolve_zoo_name
 
 log = logging.getLogger(__name__)
@@ -41,8 +41,8 @@ class LoadOptions:
     numerics: str = AUTO  # how the target computes (draftwise.models.numerics)
 
     def __post_init__(self) -> None:
-        if self.numerics != AUTO and self.numerics not in NUMERICS:
-            raise DraftwiseError(f"unknown numerics {self.numerics!r}; valid: {AUTO}, {', '.join(NUMERICS)}")
+        if self.numerics != AUTO:
+            numerics_named(self.numerics)  # a bad name fails here, before anything loads
 
     def torch_dtype(self) -> torch.dtype:
         try:

@@ -127,8 +127,7 @@ class BlockLinear(nn.Module):
         padded = -(-n // self.block) * self.block
         if padded != n:
             rows = torch.cat([rows, rows.new_zeros(padded - n, self.in_features)])
-        # each block copied to its own allocation: the kernels pick their path by the input's alignment too
-        out = torch.cat([F.linear(rows[i : i + self.block].clone(), self.dense, self.dense_bias)
+        out = torch.cat([F.linear(rows[i : i + self.block], self.dense, self.dense_bias)
                          for i in range(0, padded, self.block)])[:n]
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
@@ -157,18 +156,14 @@ def padded_mask(attention_mask: torch.Tensor | None, batch: int, n: int, keys: i
     key = (id(attention_mask), batch, n, keys, padded)
     if _memo.key == key and _memo.source is attention_mask and _memo.mask is not None:
         return _memo.mask
-    blocked = torch.finfo(torch.float32).min
     if attention_mask is None:
-        positions = torch.arange(keys - n, keys, device=device)
-        allowed = torch.arange(padded, device=device)[None, :] <= positions[:, None]
-        mask = torch.zeros((n, padded), device=device).masked_fill_(~allowed, blocked).expand(batch, n, padded)
+        mask = chain_mask(keys - n, n, device)[0].expand(batch, n, padded)
     else:
         given = attention_mask[:, 0, :, :keys]  # one mask for every head
+        blocked = torch.finfo(torch.float32).min
         if given.dtype == torch.bool:
             given = torch.zeros(given.shape, device=device).masked_fill_(~given, blocked)
-        mask = torch.full((given.shape[0], n, padded), blocked, device=device)
-        mask[:, :, :keys] = given.float().clamp_min(blocked)
-        mask = mask.expand(batch, n, padded)
+        mask = pad_mask(given.float().clamp_min(blocked)).expand(batch, n, padded)
     _memo.key, _memo.source, _memo.mask = key, attention_mask, mask
     return mask
 
@@ -324,21 +319,21 @@ class Numerics:
 
     name: str
     summary: str
-    linear: LinearFactory | None  # None: the model as transformers loaded it
-    exact: bool
-    devices: tuple[str, ...] = ("cpu",)
+    linear: LinearFactory | None  # None: the model as transformers loaded it, with no exactness guarantee
+
+    @property
+    def exact(self) -> bool:
+        return self.linear is not None
 
     def apply(self, model: Any) -> Any:
         """Turn ``model`` (float32 as loaded) into this numerics, in place; returns it."""
         if self.linear is None:
-            if not self.exact:
-                log.warning("numerics %r: outputs may differ from the target's plain decoding at near-ties "
-                            "(valid token-exact numerics on CPU: %s)", self.name, ", ".join(exact_names()))
+            log.warning("numerics %r: outputs may differ from the target's plain decoding at near-ties "
+                        "(valid token-exact numerics on CPU: %s)", self.name, ", ".join(EXACT_MODES))
             return model
         device = next(model.parameters()).device
-        if device.type not in self.devices:
-            raise DraftwiseError(f"numerics {self.name!r} runs on {', '.join(self.devices)}, not {device.type}; "
-                                 f"valid there: native")
+        if device.type != "cpu":  # the exact kernels are PyTorch's CPU ones
+            raise DraftwiseError(f"numerics {self.name!r} runs on cpu, not {device.type}; valid there: native")
         replace_linears(model, self.linear)
         register_attention()
         try:
@@ -439,12 +434,11 @@ def lean_llama_forward(layer: Any) -> Callable[..., torch.Tensor]:
     return forward
 
 
-def lean_layers(model: nn.Module) -> int:
-    """Give every transformers ``LlamaDecoderLayer`` of ``model`` its lean forward; how many."""
-    layers = [m for m in model.modules() if type(m).__name__ == "LlamaDecoderLayer"]
-    for layer in layers:
-        layer.forward = lean_llama_forward(layer)
-    return len(layers)
+def lean_layers(model: nn.Module) -> None:
+    """Give every transformers ``LlamaDecoderLayer`` of ``model`` its lean forward."""
+    for layer in model.modules():
+        if type(layer).__name__ == "LlamaDecoderLayer":
+            layer.forward = lean_llama_forward(layer)
 
 
 def replace_linears(model: nn.Module, factory: LinearFactory) -> None:
@@ -484,21 +478,21 @@ def fuse(module: nn.Module, names: tuple[str, ...], weights: list[tuple[torch.Te
         start += weight.shape[0]
 
 
-def exact_names() -> list[str]:
-    return list(EXACT_MODES)
-
-
 LINEARS: dict[str, LinearFactory | None] = {
     "int4": Int4Linear,
     "bfloat16": lambda w, b: BlockLinear(w, b, torch.bfloat16, BLOCK_ROWS),
     "float32": lambda w, b: BlockLinear(w, b, torch.float32, 1),
     "native": None,
 }
-NUMERICS: dict[str, Numerics] = {
-    name: Numerics(name, summary, LINEARS[name], exact=name in EXACT_MODES,
-                   devices=("cpu",) if name in EXACT_MODES else ("cpu", "cuda", "mps", "xpu"))
-    for name, summary in NUMERICS_MODES.items()
-}
+NUMERICS: dict[str, Numerics] = {name: Numerics(name, summary, LINEARS[name])
+                                  for name, summary in NUMERICS_MODES.items()}
+
+
+def numerics_named(name: str) -> Numerics:
+    try:
+        return NUMERICS[name]
+    except KeyError:
+        raise DraftwiseError(f"unknown numerics {name!r}; valid: {AUTO}, {', '.join(NUMERICS)}") from None
 
 
 def resolve_numerics(name: str, device: str, precision: str) -> Numerics:
@@ -507,7 +501,4 @@ def resolve_numerics(name: str, device: str, precision: str) -> Numerics:
     computes the weights as they were published."""
     if name == AUTO:
         name = precision if device.split(":", 1)[0] == "cpu" else "native"
-    try:
-        return NUMERICS[name]
-    except KeyError:
-        raise DraftwiseError(f"unknown numerics {name!r}; valid: {AUTO}, {', '.join(NUMERICS)}") from None
+    return numerics_named(name)
