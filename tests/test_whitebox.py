@@ -49,6 +49,14 @@ def _eagle_head(target, seed: int = 0, scale: float = 1.0) -> EagleHead:
     return head.eval()
 
 
+def _fused_head(target, seed: int = 2) -> EagleHead:
+    """An EAGLE-3-style head reading the target's layer 1 and final layer, fused."""
+    hidden, vocab = target_dims(target)
+    torch.manual_seed(seed)
+    return EagleHead(eagle_config(hidden, vocab, num_attention_heads=2, num_key_value_heads=1, intermediate_size=32,
+                                  target_fingerprint=lm_head_fingerprint(target), feature_layers=(1, -1))).eval()
+
+
 def _medusa_heads(target, seed: int = 0, k: int = 3) -> MedusaHeads:
     hidden, vocab = target_dims(target)
     torch.manual_seed(seed)
@@ -98,6 +106,7 @@ def heads_dir(tmp_path_factory, llama) -> Path:
     save_head(trained, trained.config, root / "eagle-trained")
     (root / "text.json").write_text(json.dumps(text))
     save_head(_eagle_head(target, 1), _eagle_head(target, 1).config, root / "eagle-random")
+    save_head(_fused_head(target), _fused_head(target).config, root / "eagle-fused")
     medusa = _medusa_heads(target)
     save_head(medusa, medusa.config, root / "medusa")
     return root
@@ -194,6 +203,21 @@ def test_drafter_gets_the_hidden_state_of_exactly_the_last_verified_position(hea
                               target(torch.tensor([context[:-1]])).logits[0, -1], atol=TOL)
 
 
+def test_a_fused_head_gets_its_layers_side_by_side_next_to_a_final_layer_reader(heads_dir, llama) -> None:
+    target, _ = llama
+    fused = Recorder(load_head_drafter(str(heads_dir / "eagle-fused"), target))
+    fused.feature_layers = fused.inner.feature_layers
+    plain = load_head_drafter(str(heads_dir / "eagle-trained"), target)
+    assert fused.feature_layers == (1, -1) and plain.feature_layers == (-1,)
+    gen = Generator(target, None, [plain, fused], policy="ucb", draft_len=3)
+    gen.generate([5, 6, 7, 8, 9], max_new_tokens=30, seed=0)
+    assert len(fused.seen_at_propose) > 2
+    for context, rows in fused.seen_at_propose:
+        with torch.no_grad():
+            states = target(torch.tensor([context[:-1]]), output_hidden_states=True).hidden_states
+        assert torch.allclose(rows, torch.cat([states[1][0], states[-1][0]], -1), atol=TOL)
+
+
 def test_first_round_drafts_from_the_prompt_without_recomputing_it(heads_dir, llama) -> None:
     target, _ = llama
     drafter = load_head_drafter(str(heads_dir / "eagle-trained"), target)
@@ -206,7 +230,7 @@ def test_first_round_drafts_from_the_prompt_without_recomputing_it(heads_dir, ll
 
 # -- losslessness -------------------------------------------------------------------------------------------------
 CASES = [("eagle-trained", "chain"), ("eagle-trained", "dynamic"), ("eagle-trained", "static"),
-         ("eagle-random", "chain"), ("medusa", "chain"), ("medusa", "static"), ("medusa", "dynamic")]
+         ("eagle-random", "chain"), ("eagle-fused", "chain"), ("eagle-fused", "dynamic"), ("medusa", "chain"), ("medusa", "static"), ("medusa", "dynamic")]
 
 
 @pytest.mark.parametrize("head,tree", CASES)

@@ -130,7 +130,7 @@ def distill_action(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     add_log_file(args.log)
-    made = run_distill(args.target, data_dir(args), Path(args.out), plan=LabelPlan(per_domain=args.per_domain),
+    made = run_distill(args.target, data_dir(args), Path(args.out), plan=LabelPlan(per_domain=args.per_domain, batch_size=args.batch),
                        labels=Path(args.labels) if args.labels else None, until=args.until or "",
                        install=args.install, only=args.only.split(",") if args.only else ())
     print(f"drafters for {args.target} under {Path(args.out) / 'models'}: {', '.join(made) or 'labels only'}")
@@ -200,6 +200,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="build folder (corpus, labels, checkpoints, models)")
     p.add_argument("--labels", default=None, help="label folder (default: OUT/labels)")
     p.add_argument("--per-domain", type=int, default=400, help="training instructions answered per domain (400)")
+    p.add_argument("--batch", type=int, default=16, help="answers generated together (16)")
     p.add_argument("--until", choices=("labels",), help="stop after this stage")
     p.add_argument("--only", help="train only these drafters, comma-separated (generalist, code, math, …, eagle)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")

@@ -46,8 +46,10 @@ class Drafter(ABC):
     """
 
     name: str = "drafter"
-    # White-box: the engine hands it the target's final hidden states (:meth:`observe_target`).
+    # White-box: the engine hands it the target's hidden states (:meth:`observe_target`) of these
+    # layers (transformers' indices: −1 is the final one, the LM head's input), side by side
     reads_target_hidden: bool = False
+    feature_layers: tuple[int, ...] = (-1,)
 
     def begin_query(self, prompt: Sequence[int]) -> None:
         """A new query starts with this prompt."""
@@ -61,10 +63,10 @@ class Drafter(ABC):
         learned across queries may stay; the next query rebuilds the rest."""
 
     def observe_target(self, tokens: Sequence[int], hidden: torch.Tensor, start: int) -> None:
-        """The target's final hidden states at positions ``start, start + 1, …`` of the verified ``tokens``.
+        """The target's hidden states at positions ``start, start + 1, …`` of the verified ``tokens``.
 
         Called by the engine after every round (and after the prompt's prefill) for drafters with
-        ``reads_target_hidden``; ``hidden`` (k, H) row j is the state after reading
+        ``reads_target_hidden``; ``hidden`` (k, len(feature_layers) × H) row j is the states after reading
         ``tokens[start + j]``, i.e. the input of the target's LM head that predicted the next
         token. Rows from ``start`` on replace any the drafter kept. Together they cover every
         position but the last, whose token (the target's own) has not been through the target yet.

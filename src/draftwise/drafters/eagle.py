@@ -6,6 +6,10 @@ small KV cache) outputs ĥ_{i+1}, an estimate of the target's next hidden state,
 own LM head turns it into the distribution of x_{i+2}. Drafting continues on the head's own
 predictions: pair (ĥ_{t+1}, x̂_{t+2}) gives ĥ_{t+2}, and so on (EAGLE-1, Li et al. 2024).
 
+A head may read several of the target's layers (``feature_layers``, EAGLE-3's low, middle and
+high ones with the final one): a linear ``fuse`` turns them into one feature for the pairs built
+from the target; the pairs built from the head's own predictions take its output as it is.
+
 Cache rule: pairs built from the target's hidden states are kept across rounds (the verified
 context); pairs built from the head's own predictions (draft steps, tree nodes) are cut back at
 the next sync, because the verified tokens get their true hidden states from the target.
@@ -62,6 +66,8 @@ class EagleHead(nn.Module):
             raise ValueError(f"eagle head: hidden {h} must split into {heads} heads, a multiple of {kv} kv heads")
         self.config = config
         self.head_dim = h // heads
+        layers = len(config.feature_layers)
+        self.fuse = nn.Linear(layers * h, h, bias=False) if layers > 1 else None
         self.fc = nn.Linear(2 * h, h, bias=True)
         self.attn_norm = RMSNorm(h, config.rms_norm_eps)
         self.q_proj = nn.Linear(h, heads * self.head_dim, bias=False)
@@ -77,11 +83,14 @@ class EagleHead(nn.Module):
                 past: KV | None = None, allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, KV]:
         """Predicted next hidden states (B, T, H) and the new pairs' keys and values (B, kv, T, d).
 
-        ``features`` and ``embeds`` (B, T, H), ``positions`` (B, T); ``past`` keys and values
-        (B, kv, P, d) already rotated; ``allowed`` (T, P + T) bool, default causal after the past.
+        ``features`` (B, T, H), or the target's layers side by side (B, T, L × H) to fuse; ``embeds``
+        (B, T, H), ``positions`` (B, T); ``past`` keys and values (B, kv, P, d) already rotated;
+        ``allowed`` (T, P + T) bool, default causal after the past.
         """
         c = self.config
-        b, t, _ = features.shape
+        b, t, width = features.shape
+        if self.fuse is not None and width != c.hidden_size:
+            features = self.fuse(features)
         x = self.fc(torch.cat([embeds, features], -1))
         n = self.attn_norm(x)
         q = self.q_proj(n).view(b, t, c.num_attention_heads, self.head_dim).transpose(1, 2)

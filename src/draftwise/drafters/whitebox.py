@@ -61,6 +61,9 @@ class HeadConfig:
     target: str = ""  # the target's name or path when trained
     target_fingerprint: tuple[float, ...] = ()
     domains: tuple[str, ...] = ()
+    # the target's hidden states read (transformers' indices, −1 the final one): eagle fuses several
+    # (EAGLE-3's low, middle and high layers) into one feature
+    feature_layers: tuple[int, ...] = (-1,)
 
     def to_json(self) -> dict[str, Any]:
         return {MARKER: self.kind, **{k: v for k, v in asdict(self).items() if k != "kind"}}
@@ -72,7 +75,8 @@ class HeadConfig:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["kind"] = data[MARKER]
-        for key in ("target_fingerprint", "domains"):
+        values.setdefault("feature_layers", (-1,))
+        for key in ("target_fingerprint", "domains", "feature_layers"):
             values[key] = tuple(values.get(key, ()))
         return cls(**values)
 
@@ -211,7 +215,7 @@ def load_head_weights(module: nn.Module, folder: str | Path) -> nn.Module:
 
 
 class WhiteBoxDrafter(ModelDrafter):
-    """A drafter that reads the target's final hidden states and shares its embedding and LM head.
+    """A drafter that reads the target's hidden states and shares its embedding and LM head.
 
     Keeps the hidden states the engine handed over (``seen``, one row per position of
     ``seen_tokens`` but the last). Subclasses implement :meth:`next_logits` (the first draft token's
@@ -226,6 +230,7 @@ class WhiteBoxDrafter(ModelDrafter):
         self.name = name
         self.source = source
         self.config = config
+        self.feature_layers = config.feature_layers
         self.tree = tree or TreeOptions()
         self.embed = target.get_input_embeddings()  # shared with the target, never trained here
         self.lm_head = target.get_output_embeddings()

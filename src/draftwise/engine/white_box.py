@@ -1,4 +1,4 @@
-"""White-box plumbing: the target's final hidden states, handed to the drafters that read them.
+"""White-box plumbing: the target's hidden states, handed to the drafters that read them.
 
 They come from the verification forwards (no extra target computation), except for the prompt:
 it runs through the target before round 1, so white-box drafters can draft (and be scored) from
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+
+import torch
 
 from draftwise.drafters import Drafter
 from draftwise.engine.query import QueryState
@@ -21,8 +23,11 @@ class HiddenStateFeed:
     def __init__(self, target: CachedLM, drafters: Sequence[Drafter]) -> None:
         self.target = target
         self.readers = [d for d in drafters if d.reads_target_hidden]
-        if self.readers:
-            target.keep_hidden = True
+        # every layer some reader reads, recorded once side by side; each reader gets its own columns
+        layers = tuple(dict.fromkeys(layer for d in self.readers for layer in d.feature_layers))
+        target.hidden_layers = layers
+        self.layers = layers
+        self.columns = [reader_columns(layers, d.feature_layers) for d in self.readers]
 
     def prefill(self, query: QueryState) -> float:
         """Run the prompt (all but its last token) through the target before round 1. Round 1 then
@@ -50,6 +55,14 @@ class HiddenStateFeed:
         known = len(context) - 1
         start = min(query.hidden_sent, known)  # a stop string may have cut the context back
         rows = self.target.hidden_states(context, start, known)
-        for drafter in self.readers:
-            drafter.observe_target(context, rows, start)
+        for drafter, columns in zip(self.readers, self.columns):
+            mine = rows if columns is None else rows.unflatten(-1, (len(self.layers), -1))[:, columns].flatten(1)
+            drafter.observe_target(context, mine, start)
         query.hidden_sent = known
+
+
+def reader_columns(recorded: tuple[int, ...], wanted: tuple[int, ...]) -> torch.Tensor | None:
+    """Which of the ``recorded`` layers (side by side in a row) are the ``wanted`` ones (None: all, as they are)."""
+    if recorded == wanted:
+        return None
+    return torch.tensor([recorded.index(layer) for layer in wanted])

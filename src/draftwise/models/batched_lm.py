@@ -25,7 +25,14 @@ from typing import Any
 
 import torch
 
-from draftwise.models.cached_lm import HiddenStatesMixin, PendingTree, RowBuffer, cache_keyword, common_prefix_len
+from draftwise.models.cached_lm import (
+    HiddenStatesMixin,
+    PendingTree,
+    RowBuffer,
+    cache_keyword,
+    common_prefix_len,
+    layer_rows,
+)
 from draftwise.models.layered_cache import LayeredCache, decoder_layers
 from draftwise.models.numerics import computes_exactly, padded_keys
 from draftwise.verify.tree import check_tree, tree_attention_mask, tree_positions
@@ -225,7 +232,7 @@ class BatchedLM:
         blocked = torch.finfo(self.dtype).min
         mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill(~allowed, blocked)[:, None]
         self.plan = ForwardPlan(slice(indices[0], indices[0] + len(indices)), slots.to(self.device), kv_len)
-        keep_hidden = any(i.row.keep_hidden for i in inputs)
+        keep_hidden = any(i.row.hidden_layers for i in inputs)
         # the LM head runs only where some row needs logits (a prompt needs its last position only)
         keep = max(width - len(i.ids) + i.n_out for i in inputs)
         try:
@@ -248,8 +255,8 @@ class BatchedLM:
         for b, item in enumerate(inputs):
             n = len(item.ids)
             item.row.length = cached[b] + n
-            if item.row.keep_hidden:
-                item.row.hidden.append(out.hidden_states[-1][b, :n].float())
+            if item.row.hidden_layers:
+                item.row.hidden.append(layer_rows(out.hidden_states, item.row.hidden_layers, b, n))
             first = keep - width + n - item.n_out  # logits row of position n - n_out
             results[id(item)] = out.logits[b, first : first + item.n_out].float()
             item.row.choices = None if choices is None else choices[b][first : first + item.n_out]
@@ -280,7 +287,7 @@ class RowLM(HiddenStatesMixin):
         self.model = batch.model
         self.vocab_size = batch.vocab_size
         self.device = batch.device
-        self.keep_hidden = False
+        self.hidden_layers: tuple[int, ...] = ()
         self.calls = 0
         self.choices: list[int] | None = None  # the target's argmax at the last forward's rows (run(argmax=True))
         self.forget()

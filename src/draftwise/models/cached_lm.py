@@ -239,24 +239,33 @@ class RowBuffer:
         return self.data[start:stop]
 
 
-class HiddenStatesMixin(TreeCacheMixin):
-    """A token-following cache that can record the model's final hidden state at every cached
-    position (``keep_hidden``), in step with the cache: what white-box drafters read."""
+def layer_rows(hidden_states: Sequence[torch.Tensor], layers: tuple[int, ...], row: int,
+               n: int | None = None) -> torch.Tensor:
+    """Batch row ``row``'s hidden states of ``layers`` side by side, float32 (T, len(layers) × H).
+    transformers ties ``hidden_states[-1]`` to the final norm's output (the LM head's input)."""
+    picked = [hidden_states[i][row, :n] for i in layers]
+    return (picked[0] if len(picked) == 1 else torch.cat(picked, -1)).float()
 
-    keep_hidden: bool
+
+class HiddenStatesMixin(TreeCacheMixin):
+    """A token-following cache that can record the model's hidden states at every cached position
+    (``hidden_layers``: transformers' indices, −1 the final one, side by side in that order), in step
+    with the cache: what white-box drafters read."""
+
+    hidden_layers: tuple[int, ...]  # () records nothing
     hidden: RowBuffer
 
     @torch.inference_mode()
     @all_or_nothing
     def hidden_states(self, tokens: Sequence[int], start: int, stop: int) -> torch.Tensor:
-        """Copy of the final hidden states at positions ``start:stop`` of ``tokens`` (needs ``keep_hidden``).
+        """Copy of the recorded hidden states at positions ``start:stop`` of ``tokens`` (needs ``hidden_layers``).
 
         Row j is the state after reading ``tokens[start + j]`` — the one whose LM-head output
         predicted ``tokens[start + j + 1]``. A pending draft tree is first resolved against
         ``tokens`` (its accepted path gathered into place, as the next sync would).
         """
-        if not self.keep_hidden:
-            raise DraftwiseError("hidden states were not recorded: set keep_hidden before the forward passes")
+        if not self.hidden_layers:
+            raise DraftwiseError("hidden states were not recorded: set hidden_layers before the forward passes")
         self._resolve_tree(tokens)
         if stop > len(self.tokens) or self.tokens[:stop] != list(tokens[:stop]) or stop > self.hidden.length:
             raise DraftwiseError(f"the target has no hidden states for positions {start}:{stop} of this sequence")
@@ -266,7 +275,7 @@ class HiddenStatesMixin(TreeCacheMixin):
 class CachedLM(HiddenStatesMixin):
     """A causal LM whose KV cache follows a token sequence (batch size 1).
 
-    With ``keep_hidden`` set, every forward also records the model's final hidden state (the
+    With ``hidden_layers`` set, every forward also records those hidden states (the last one is the
     input of its LM head) at each position it feeds, kept in step with the cache: that is what
     white-box drafters read, at no extra forward (``output_hidden_states`` only keeps references
     to tensors the forward computes anyway).
@@ -275,7 +284,7 @@ class CachedLM(HiddenStatesMixin):
     def __init__(self, model: Any) -> None:
         self.model = model
         self.calls = 0
-        self.keep_hidden = False
+        self.hidden_layers: tuple[int, ...] = ()
         self.reset()
 
     # Read at first use: a batch copies every drafter per query, and a drafter on a bank never
@@ -307,7 +316,7 @@ class CachedLM(HiddenStatesMixin):
         self._cache: Any = None  # made at first use: a batch makes every drafter's copy per query, most never run
         self.tokens: list[int] = []  # the tokens whose keys and values are in the cache
         self.tree = None
-        self.hidden = RowBuffer()  # (len(cache), H) final hidden states, when keep_hidden
+        self.hidden = RowBuffer()  # (len(cache), len(hidden_layers) × H), when recorded
 
     @functools.cached_property
     def exact(self) -> bool:
@@ -362,11 +371,11 @@ class CachedLM(HiddenStatesMixin):
         return self._logits(out, n_out)
 
     def _hidden_request(self) -> dict[str, bool]:
-        return {"output_hidden_states": True} if self.keep_hidden else {}
+        return {"output_hidden_states": True} if self.hidden_layers else {}
 
     def _record_hidden(self, out: Any) -> None:
-        if self.keep_hidden:  # transformers ties hidden_states[-1] to the final-norm output (the LM head's input)
-            self.hidden.append(out.hidden_states[-1][0].float())
+        if self.hidden_layers:
+            self.hidden.append(layer_rows(out.hidden_states, self.hidden_layers, 0))
 
     def _masked_forward(self, ids: list[int], positions: list[int], allowed: torch.Tensor, n_out: int) -> torch.Tensor:
         dtype = next(self.model.parameters()).dtype

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from draftwise.models.loading import resolve_model_path
+from draftwise.models.loading import LoadOptions, load_target
 from draftwise.models.vocab_map import FILE as VOCAB_FILE
 from draftwise.models.vocab_map import VocabMap
 from draftwise.training.budgets import BUDGETS
@@ -185,9 +185,8 @@ def run_distill(target_name: str, data: Path, out: Path, *, plan: Any = None, re
     plan = plan or LabelPlan()
     labels = labels or out / "labels"
     corpus = corpus_for(data, out)
-    folder = resolve_model_path(target_name)
-    target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    # the target as generation runs it by default (int4 for the GGUF smollm2): its answers are what drafters meet
+    target, tokenizer, _ = load_target(target_name, LoadOptions())
     for domain in DOMAINS:
         label_domain(target, tokenizer, corpus.train[domain], labels / f"{domain}.jsonl", plan)
     if until == "labels":
