@@ -30,13 +30,12 @@ COST_TOKENS = 64
 THREADS = 1
 
 
-def continuations(target, tokenizer, prompts, cache: Path) -> list[list[int]]:
+def continuations(plain, prompts, cache: Path) -> list[list[int]]:
     from draftwise.training.labels import greedy_answers
 
     if cache.exists():
         return json.loads(cache.read_text())
-    eos = int(tokenizer.eos_token_id)
-    out = greedy_answers(target, prompts, MAX_NEW, eos, eos)
+    out = greedy_answers(plain, prompts, MAX_NEW)
     cache.write_text(json.dumps(out))
     return out
 
@@ -73,7 +72,7 @@ def main() -> None:
     dev = {d: read_split(Path(args.build) / "corpus" / "dev" / f"{d}.jsonl")[: args.prompts] for d in DOMAINS}
     for domain, examples in dev.items():
         prompts = [chat_prompt_ids(tokenizer, e.instruction) for e in examples]
-        conts = continuations(target, tokenizer, prompts, out_path.parent / f"continuations-{domain}.json")
+        conts = continuations(plain, prompts, out_path.parent / f"continuations-{domain}.json")
         row = {}
         for drafter in pool:
             stats = (head_stats(drafter, target, prompts, conts, DRAFT_LENGTH) if drafter.reads_target_hidden

@@ -97,18 +97,18 @@ def test_labels_resume_past_a_torn_line_and_join_back_by_instruction(tmp_path) -
 
 
 def test_batched_greedy_answers_equal_one_at_a_time_decoding(tiny_models) -> None:
-    from transformers import AutoModelForCausalLM
-
     from draftwise.training.labels import greedy_answers
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_models["llama-target"]).eval()
-    prompts = [[3, 4, 5], [6, 7, 8, 9, 10, 11], [12]]
-    batched = greedy_answers(model, prompts, 6, eos=0, pad=0)
+    model, _ = load_causal_lm(str(tiny_models["llama-target"]), LoadOptions())
+    generator = Generator(model, None, [], policy="fixed:none")
+    generator.eos_ids = frozenset({0})
+    prompts = [[3, 4, 5], [6, 7, 8, 9, 10, 11], [12], [13, 14]]
+    batched = greedy_answers(generator, prompts, 24, batch_size=2)  # a finished row's place goes to the next
     for prompt, answer in zip(prompts, batched):
         ids = torch.tensor([prompt])
-        alone = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
+        alone = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False)
         expected = alone[0, len(prompt):].tolist()
-        assert answer == expected[: expected.index(0) + 1] if 0 in expected else answer == expected
+        assert answer == (expected[: expected.index(0) + 1] if 0 in expected else expected)
 
 
 def test_an_eagle_head_over_a_vocabulary_subset_trains_loads_and_stays_lossless(tiny_models, tmp_path) -> None:

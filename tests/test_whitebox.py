@@ -230,7 +230,8 @@ def test_first_round_drafts_from_the_prompt_without_recomputing_it(heads_dir, ll
 
 # -- losslessness -------------------------------------------------------------------------------------------------
 CASES = [("eagle-trained", "chain"), ("eagle-trained", "dynamic"), ("eagle-trained", "static"),
-         ("eagle-random", "chain"), ("eagle-fused", "chain"), ("eagle-fused", "dynamic"), ("medusa", "chain"), ("medusa", "static"), ("medusa", "dynamic")]
+         ("eagle-random", "chain"), ("eagle-fused", "chain"), ("eagle-fused", "dynamic"),
+         ("medusa", "chain"), ("medusa", "static"), ("medusa", "dynamic")]
 
 
 @pytest.mark.parametrize("head,tree", CASES)

@@ -130,7 +130,8 @@ def distill_action(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     add_log_file(args.log)
-    made = run_distill(args.target, data_dir(args), Path(args.out), plan=LabelPlan(per_domain=args.per_domain, batch_size=args.batch),
+    plan = LabelPlan(per_domain=args.per_domain, batch_size=args.batch)
+    made = run_distill(args.target, data_dir(args), Path(args.out), plan=plan,
                        labels=Path(args.labels) if args.labels else None, until=args.until or "",
                        install=args.install, only=args.only.split(",") if args.only else ())
     print(f"drafters for {args.target} under {Path(args.out) / 'models'}: {', '.join(made) or 'labels only'}")

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from draftwise.api import Generator
 from draftwise.models.loading import LoadOptions, load_target
 from draftwise.models.vocab_map import FILE as VOCAB_FILE
 from draftwise.models.vocab_map import VocabMap
@@ -187,8 +188,9 @@ def run_distill(target_name: str, data: Path, out: Path, *, plan: Any = None, re
     corpus = corpus_for(data, out)
     # the target as generation runs it by default (int4 for the GGUF smollm2): its answers are what drafters meet
     target, tokenizer, _ = load_target(target_name, LoadOptions())
+    plain = Generator(target, tokenizer, [], policy="fixed:none")
     for domain in DOMAINS:
-        label_domain(target, tokenizer, corpus.train[domain], labels / f"{domain}.jsonl", plan)
+        label_domain(plain, corpus.train[domain], labels / f"{domain}.jsonl", plan)
     if until == "labels":
         return []
     data_of = {d: [(chat_prompt_ids(tokenizer, e.instruction), a, a)  # greedy: the labels are the continuation

@@ -34,7 +34,7 @@ from draftwise.drafters.eagle import EagleHead, eagle_config
 from draftwise.drafters.whitebox import lm_head_fingerprint, save_head, target_dims
 from draftwise.models.vocab_map import FILE as VOCAB_FILE
 from draftwise.models.vocab_map import VocabMap
-from draftwise.training.heads import HiddenSet, batch_noise, eagle_loss, load_hidden, save_hidden
+from draftwise.training.heads import HiddenSet, batch_noise, eagle_loss, eagle_unrolled, load_hidden, save_hidden
 from draftwise.training.train import TrainConfig, train_loop
 
 log = logging.getLogger(__name__)
@@ -123,3 +123,83 @@ def train_eagle(target: Any, target_name: str, sequences: dict[str, list[list[in
             "recipe": asdict(recipe), **asdict(state)}
     (folder / "training.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return folder
+
+
+# -- EAGLE-3-style: the bulk signal, several layers fused, several draft steps trained -----------------------
+@dataclass(frozen=True)
+class SignalHeadRecipe:
+    """A head trained on the bulk signal (:mod:`draftwise.training.signal`): it fuses ``feature_layers``
+    and is trained over ``unroll`` draft steps on its own predictions (EAGLE-3's training-time test)."""
+
+    feature_layers: tuple[int, ...] = (3, 15, 27, -1)
+    intermediate: int = 768
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(
+        steps=3000, batch=8, seq_len=128, lr=2e-3, warmup=100, weight_decay=0.0))
+    ce_weight: float = 0.1
+    unroll: int = 4
+    feature_noise: float = 0.05
+    seed: int = 20261128
+
+
+def signal_head_batch(rows: Any, index: np.ndarray, vocab: VocabMap, layers: int) -> tuple[HiddenSet, torch.Tensor]:
+    """(the loss's set: tokens, final hidden states, the target's top-k in the subset, −1 where not learned;
+    the fused layers (B, T, L × H))."""
+    batch = rows.batch(index)
+    ids = vocab.draft_targets(batch.top_ids).masked_fill(~batch.learn[..., None], -1)
+    data = HiddenSet(batch.tokens, batch.features[:, :, -1], ids, batch.top_logprobs)
+    return data, batch.features[:, :, :layers].flatten(2)
+
+
+def train_signal_head(target: Any, target_name: str, rows: Any, vocab: VocabMap, work: Path, folder: Path,
+                      recipe: SignalHeadRecipe, domains: tuple[str, ...]) -> Path:
+    """Train (resuming from ``work``'s checkpoint) and save the head in ``folder``. ``rows``: a
+    :class:`~draftwise.training.signal_rows.SignalRows` carrying ``feature_layers`` then the final layer."""
+    hidden_size, vocab_size = target_dims(target)
+    config = eagle_config(hidden_size, vocab_size, intermediate_size=recipe.intermediate, target=target_name,
+                          target_fingerprint=lm_head_fingerprint(target), domains=domains,
+                          rms_norm_eps=float(getattr(target.config, "rms_norm_eps", 1e-6)),
+                          feature_layers=recipe.feature_layers)
+    torch.manual_seed(recipe.seed)
+    head = EagleHead(config)
+    embed = target.get_input_embeddings().weight.detach().float()
+    lm = target.get_output_embeddings().weight.detach().float()[vocab.to_target]
+    layers = len(recipe.feature_layers)
+
+    def loss_of_rows(model: Any, index: np.ndarray) -> torch.Tensor:
+        data, inputs = signal_head_batch(rows, index, vocab, layers)
+        return eagle_loss(model, embed, lm, data, recipe.ce_weight, recipe.feature_noise,
+                          batch_noise(recipe.seed, index), recipe.unroll, inputs if layers > 1 else None)
+
+    work.mkdir(parents=True, exist_ok=True)
+    state = train_loop(head, len(rows), loss_of_rows, recipe.train, recipe.seed + 1, work / "head.ckpt", "eagle3",
+                       False)
+    save_head(head, config, folder)
+    (folder / VOCAB_FILE).write_text(vocab.to_json() + "\n")
+    meta = {"kind": "eagle", "domains": list(domains), "params": sum(p.numel() for p in head.parameters()),
+            "train_tokens": rows.tokens(), "recipe": asdict(recipe), **asdict(state)}
+    (folder / "training.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    return folder
+
+
+@torch.no_grad()
+def chain_acceptance(head: EagleHead, data: HiddenSet, inputs: torch.Tensor | None, embed_weight: torch.Tensor,
+                     lm_weight: torch.Tensor, steps: int) -> tuple[float, float]:
+    """(tokens per target forward, first drafted token accepted) of greedy chains of ``steps`` drafted
+    tokens at every position of target-written text (the target's greedy answers, where its top
+    choice is the next token): what drafting there would give, computed as training unrolls it.
+    ``data.top_ids`` are in the head's vocabulary (−1 off it, or where not scored)."""
+    features = (data.hidden if inputs is None else inputs)[:, :-1]
+    predicted = eagle_unrolled(head, features, data.tokens, embed_weight, steps)
+    chains = data.tokens.shape[1] - steps
+    alive = torch.ones(data.tokens.shape[0], chains, dtype=torch.bool)
+    accepted = torch.zeros(alive.shape)
+    first = torch.zeros(alive.shape, dtype=torch.bool)
+    for s, out in enumerate(predicted, start=1):
+        guess = (out[:, :chains] @ lm_weight.T).argmax(-1)
+        truth = data.top_ids[:, s : s + chains, 0]
+        alive &= (guess == truth) & (truth >= 0)
+        accepted += alive
+        if s == 1:
+            first = alive.clone()
+    scored = data.top_ids[:, 1 : 1 + chains, 0] >= 0
+    return float(1 + accepted[scored].mean()), float(first[scored].float().mean())

@@ -169,13 +169,14 @@ def soft_cross_entropy(features: torch.Tensor, lm_weight: torch.Tensor, top_ids:
 
 def eagle_loss(head: EagleHead, embed_weight: torch.Tensor, lm_weight: torch.Tensor, data: HiddenSet,
                ce_weight: float, noise: float, generator: torch.Generator | None = None,
-               unroll: int = 1) -> torch.Tensor:
+               unroll: int = 1, inputs: torch.Tensor | None = None) -> torch.Tensor:
     """Pair i = (h_i, x_{i+1}) predicts h_{i+1}; its LM-head output is scored against the target at i + 1.
 
     With ``unroll`` > 1 the draft steps that run on the head's own predictions are trained too
-    (:func:`eagle_unrolled`); each step's loss weighs the same.
+    (:func:`eagle_unrolled`); each step's loss weighs the same. ``inputs`` (B, T, L × H): the target's
+    layers a fusing head reads (default: the final hidden states, ``data.hidden``).
     """
-    features = data.hidden[:, :-1]
+    features = (data.hidden if inputs is None else inputs)[:, :-1]
     if noise > 0:
         features = features + noise * features.std() * torch.randn(features.shape, generator=generator)
     steps = eagle_unrolled(head, features, data.tokens, embed_weight, unroll)

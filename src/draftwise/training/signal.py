@@ -72,7 +72,6 @@ class DenseInt4Linear(nn.Module):
         if weight.shape[1] % GROUP:
             raise DraftwiseError(f"int4 weights need inputs a multiple of {GROUP} wide, got {weight.shape[1]}")
         codes, scales_zeros = quantize_int4(weight)
-        n, k = weight.shape
         scale = scales_zeros[..., 0].float().T.repeat_interleave(GROUP, 1)  # (N, K)
         zero = scales_zeros[..., 1].float().T.repeat_interleave(GROUP, 1)
         self.register_buffer("dense", ((codes.float() - 8) * scale + zero).to(torch.bfloat16), persistent=False)
@@ -195,7 +194,8 @@ def read_sequences(target: Any, sequences: Iterable[ChatText], folder: Path, pla
         rows = [r for batch in length_batches(items, plan.batch_tokens) for r in read_batch(target, batch, plan)]
         write_chunk(folder, rows)
         n = sum(len(r["tokens"]) for r in rows)
-        log.info("%s: %d sequences, %d tokens, %.0f tokens/s", folder, len(rows), n, n / (time.perf_counter() - started))
+        log.info("%s: %d sequences, %d tokens, %.0f tokens/s", folder, len(rows), n,
+                 n / (time.perf_counter() - started))
         return n
 
     for sequence in sequences:
@@ -234,10 +234,9 @@ def run_signal(target_name: str, corpus: Any, answers: Path | None, out: Path, p
     """Read every domain's train split (and, with ``answers``, the target's answers to it) into chunks
     under ``out``, up to ``per_domain_tokens`` per domain and source, in ``rounds`` passes over the
     domains (a run stopped early leaves them balanced). Returns tokens held per source and domain."""
-    from draftwise.models.loading import LoadOptions, load_causal_lm, resolve_model_path
+    from draftwise.models.loading import LoadOptions, checkpoint_precision, load_causal_lm, resolve_model_path
     from draftwise.models.numerics import resolve_numerics
     from draftwise.training.labels import read_labels
-    from draftwise.models.loading import checkpoint_precision
 
     plan = plan or SignalPlan()
     numerics = resolve_numerics(LoadOptions().numerics, "cpu", checkpoint_precision(resolve_model_path(target_name)))
