@@ -1,5 +1,6 @@
-"""Distilling drafters for a real target: vocabulary choice, training streams, and a drafter that
-round-trips through its folder into the engine (tiny models)."""
+"""Distilling drafters for a real target: vocabulary choice, the target's answers, the bulk signal
+(features and soft labels) and the rows cut from it, and drafters trained on it that round-trip
+through their folders into the engine (tiny models)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,45 @@ import json
 from dataclasses import replace
 
 import numpy as np
+import pytest
 import torch
 
 from draftwise import Generator
 from draftwise.drafters import build_drafters
 from draftwise.models.loading import LoadOptions, load_causal_lm
+from draftwise.models.numerics import Int4Linear
 from draftwise.models.vocab_map import VocabMap
 from draftwise.training.distill import (
     DrafterRecipe,
     choose_vocabulary,
     new_drafter,
     save_drafter,
-    train_drafter,
-    training_stream,
+    train_drafter_on_signal,
 )
-from draftwise.training.distill_eagle import EagleRecipe, train_eagle
+from draftwise.training.distill_eagle import SignalHeadRecipe, train_signal_head
 from draftwise.training.evaluate import head_stats
 from draftwise.training.heads import soft_cross_entropy
+from draftwise.training.signal import ChatText, DenseInt4Linear, SignalPlan, bulk_target, read_sequences
+from draftwise.training.signal_rows import SignalRows, learn_mask, signal_chunks
 from draftwise.training.train import ModelShape, TrainConfig
+
+LAYERS = (1, -1)  # what the tiny signal keeps: the first layer's output and the final one
+
+
+@pytest.fixture(scope="module")
+def signal(tiny_models, tmp_path_factory):
+    """Two domains of random sequences read by the tiny target: (target, tokenizer, signal root, sequences)."""
+    target, tokenizer, numerics = bulk_target(str(tiny_models["llama-target"]))
+    assert numerics == "float32"
+    root = tmp_path_factory.mktemp("signal")
+    rng = np.random.default_rng(0)
+    texts = {d: [ChatText(f"{d}{i}", rng.integers(2, 56, int(rng.integers(12, 40))).tolist(), int(rng.integers(2, 6)))
+                 for i in range(12)] for d in ("code", "math")}
+    plan = SignalPlan(layers=LAYERS, top_k=4, batch_tokens=64, chunk_tokens=120)
+    for domain, items in texts.items():
+        read_sequences(target, items, root / "corpus" / domain, plan, token_budget=10_000)
+    (root / "signal.json").write_text(json.dumps({"plan": {"layers": list(LAYERS)}}))
+    return target, tokenizer, root, texts
 
 
 def test_the_vocabulary_is_the_most_frequent_answer_tokens_then_prompt_tokens() -> None:
@@ -34,29 +56,71 @@ def test_the_vocabulary_is_the_most_frequent_answer_tokens_then_prompt_tokens() 
     assert len(choose_vocabulary([[1]], 6, always=[])) == 6  # filled by id when texts run out
 
 
-def test_a_training_stream_learns_the_labels_after_each_prefix_and_nothing_else() -> None:
-    vocab = VocabMap([10, 11, 12, 13], target_size=20)
-    ids, targets = training_stream([([10, 11], [12, 19, 13], [12, 19, 13])], vocab)
-    assert ids.tolist() == [0, 1, 2, 4, 3]  # 19 is unlisted: the "other" id
-    # position 1 (the prompt's last) predicts 12; 19 cannot be proposed (−1); position 3 predicts 13
-    assert targets.tolist() == [-1, 2, -1, 3, -1]
-    _, choices = training_stream([([10], [11, 12], [13, 12])], vocab)  # the target's choices along a reference
-    assert choices.tolist() == [3, 2, -1]
+def test_the_bulk_pass_keeps_each_sequences_own_reading_and_resumes(signal) -> None:
+    target, _, root, texts = signal
+    folder = root / "corpus" / "code"
+    chunks = sorted(folder.glob("[0-9]*"))
+    assert len(chunks) > 1 and not list(folder.glob("tmp-*"))
+    keys = [k for c in chunks for k in json.loads((c / "keys.json").read_text())]
+    assert sorted(keys) == sorted(t.key for t in texts["code"])  # each sequence once
+    chunk = chunks[0]
+    starts, tokens = np.load(chunk / "starts.npy"), np.load(chunk / "tokens.npy")
+    features, top_ids = np.load(chunk / "features.npy"), np.load(chunk / "top_ids.npy")
+    for i, key in enumerate(json.loads((chunk / "keys.json").read_text())):
+        text = next(t for t in texts["code"] if t.key == key)
+        span = slice(starts[i], starts[i + 1])
+        assert tokens[span].tolist() == text.tokens and np.load(chunk / "prompt_lens.npy")[i] == text.prompt_len
+        with torch.no_grad():  # alone, not beside the batch's padding
+            out = target(input_ids=torch.tensor([text.tokens]), output_hidden_states=True)
+        for j, layer in enumerate(LAYERS):
+            assert torch.allclose(torch.from_numpy(features[span, j]).float(), out.hidden_states[layer][0], atol=2e-2)
+        assert (top_ids[span, 0] == out.logits[0].argmax(-1).numpy()).all()
+    more = [ChatText("code-new", [3, 4, 5, 6, 7, 8], 2)]
+    plan = SignalPlan(layers=LAYERS, top_k=4, batch_tokens=64, chunk_tokens=120)
+    assert read_sequences(target, texts["code"] + more, folder, plan, token_budget=10_000) == 6  # only the new one
 
 
-def test_a_distilled_drafter_loads_from_its_folder_and_stays_lossless(tiny_models, tmp_path) -> None:
+def test_the_learned_positions_are_those_whose_next_token_is_in_the_same_response() -> None:
+    starts, prompts = np.array([0, 5, 9]), np.array([2, 3])
+    assert np.flatnonzero(learn_mask(starts, prompts, responses_only=True)).tolist() == [1, 2, 3, 7]
+    assert np.flatnonzero(learn_mask(starts, prompts, responses_only=False)).tolist() == [0, 1, 2, 3, 5, 6, 7]
+
+
+def test_signal_rows_are_windows_of_the_packed_sequences(signal) -> None:
+    _, _, root, _ = signal
+    chunks = signal_chunks(root, ("corpus",), ("code", "math"))
+    rows = SignalRows(chunks, 16, LAYERS, (-1, 1))
+    total = sum(int(np.load(c / "starts.npy")[-1]) // 16 for c in chunks)
+    assert len(rows) == total and rows.tokens() == 16 * total
+    batch = rows.batch(np.array([0, len(rows) - 1]))
+    assert batch.tokens.shape == (2, 16) and batch.top_ids.shape == (2, 16, 4)
+    assert batch.features.shape == (2, 16, 2, 32)
+    first = np.load(chunks[0] / "features.npy")[:16]
+    assert torch.equal(batch.features[0, :, 0], torch.from_numpy(first[:, 1]).float())  # layer −1, asked first
+    assert SignalRows(chunks, 16, LAYERS, ()).batch(np.array([0])).features.numel() == 0  # no layers: none read
+
+
+def test_dense_int4_products_are_the_int4_kernels_up_to_bfloat16_rounding() -> None:
+    weight = torch.randn(48, 64, generator=torch.Generator().manual_seed(0)) * 0.05
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(1))
+    exact, dense = Int4Linear(weight, None)(x), DenseInt4Linear(weight, None)(x)
+    # the same 4-bit weights; the kernel's sums and the dense product's differ by about a bfloat16 step (2⁻⁸)
+    assert torch.allclose(dense, exact, rtol=1e-2, atol=4e-3)
+    assert not torch.allclose(dense, x @ weight.T, rtol=1e-2, atol=4e-3)  # the 4-bit weights, not the float ones
+
+
+def test_a_drafter_distilled_on_the_signal_loads_from_its_folder_and_stays_lossless(signal, tmp_path) -> None:
+    target, tokenizer, root, _ = signal
     options = LoadOptions()
-    target, tokenizer = load_causal_lm(str(tiny_models["llama-target"]), options)
     recipe = DrafterRecipe(shape=ModelShape(layers=1, hidden=16, intermediate=32, heads=2, max_positions=256),
                            kv_heads=2, vocab=24)
     rng = np.random.default_rng(0)
     vocab = VocabMap(choose_vocabulary([rng.integers(2, 56, 40).tolist()], recipe.vocab - 1, always=[0]), 56)
     model = new_drafter(recipe, target, vocab, seed=0)
-    examples = [(rng.integers(2, 56, 6).tolist(), (a := rng.integers(2, 56, 10).tolist()), a) for _ in range(40)]
+    rows = SignalRows(signal_chunks(root, ("corpus",), ("code",)), 32, LAYERS, (), responses_only=True)
     config = replace(recipe.generalist, steps=3, batch=4, seq_len=32, warmup=1)
-    meta = train_drafter(model, training_stream(examples, vocab), config, seed=0,
-                         checkpoint=tmp_path / "ckpt", label="tiny")
-    assert meta["steps"] == 3 and np.isfinite(meta["final_loss"])
+    meta = train_drafter_on_signal(model, rows, vocab, config, seed=0, checkpoint=tmp_path / "ckpt", label="tiny")
+    assert meta["steps"] == 3 and np.isfinite(meta["final_loss"]) and meta["signal_tokens"] == rows.tokens()
     save_drafter(model, vocab, tmp_path / "drafter", {"domains": ["code"]})
     tokenizer.save_pretrained(tmp_path / "drafter")
     [drafter] = build_drafters([str(tmp_path / "drafter")], target, tokenizer, options)
@@ -111,27 +175,27 @@ def test_batched_greedy_answers_equal_one_at_a_time_decoding(tiny_models) -> Non
         assert answer == (expected[: expected.index(0) + 1] if 0 in expected else expected)
 
 
-def test_an_eagle_head_over_a_vocabulary_subset_trains_loads_and_stays_lossless(tiny_models, tmp_path) -> None:
+def test_a_fused_head_trained_on_the_signal_loads_and_replays_the_engines_rounds(signal, tmp_path) -> None:
+    target, tokenizer, root, _ = signal
     options = LoadOptions()
-    target, tokenizer = load_causal_lm(str(tiny_models["llama-target"]), options)
     rng = np.random.default_rng(1)
     vocab = VocabMap(choose_vocabulary([rng.integers(2, 56, 60).tolist()], 20, always=[0]), 56)
-    sequences = {"code": [rng.integers(2, 56, 24).tolist() for _ in range(4)],
-                 "math": [rng.integers(2, 56, 24).tolist() for _ in range(4)]}
-    recipe = EagleRecipe(examples_per_domain=3, top_k=4, intermediate=32,
-                         train=TrainConfig(steps=3, batch=2, seq_len=16, lr=1e-3, warmup=1, weight_decay=0.0))
-    folder = train_eagle(target, "tiny", sequences, vocab, tmp_path / "work", tmp_path / "eagle", recipe)
+    recipe = SignalHeadRecipe(feature_layers=LAYERS, intermediate=32, unroll=3,
+                              train=TrainConfig(steps=3, batch=2, seq_len=16, lr=1e-3, warmup=1, weight_decay=0.0))
+    rows = SignalRows(signal_chunks(root, ("corpus",), ("code", "math")), 16, LAYERS, (*LAYERS, -1))
+    folder = train_signal_head(target, "tiny", rows, vocab, tmp_path / "work", tmp_path / "eagle", recipe,
+                               ("code", "math"))
     meta = json.loads((folder / "training.json").read_text())
-    assert meta["step"] == 3 and meta["train_tokens"] == 16 * (6 * 24 // 16) and np.isfinite(meta["last_loss"])
+    assert meta["step"] == 3 and meta["train_tokens"] == rows.tokens() and np.isfinite(meta["last_loss"])
     [drafter] = build_drafters([f"eagle:head={folder}"], target, tokenizer, options)
-    assert drafter.vocab is not None and drafter.head_weight.shape[0] == 20  # the subset's rows only
+    assert drafter.feature_layers == LAYERS and drafter.head_weight.shape[0] == 20  # the subset's rows only
     gen = Generator(target, tokenizer, [drafter], policy="fixed:0", draft_len=3)
     plain = Generator(target, tokenizer, [], policy="fixed:none")
     prompt = rng.integers(2, 56, 8).tolist()
     result = gen.generate(prompt, max_new_tokens=20)
     assert result.token_ids == plain.generate(prompt, max_new_tokens=20).token_ids
     assert sum(r.drafted for r in result.trace) > 0
-    # the offline evaluation replays the engine's greedy rounds exactly
+    # the offline evaluation replays the engine's greedy rounds exactly, fused layers included
     stats = head_stats(drafter.fresh(), target, [prompt], [result.token_ids], 3)
     assert (stats.rounds, stats.accepted) == (len(result.trace), sum(r.accepted for r in result.trace))
     logits = drafter.next_logits(prompt + result.token_ids, 1)  # it proposes only the subset's tokens

@@ -132,7 +132,9 @@ def distill_action(args: argparse.Namespace) -> int:
     add_log_file(args.log)
     plan = LabelPlan(per_domain=args.per_domain, batch_size=args.batch)
     made = run_distill(args.target, data_dir(args), Path(args.out), plan=plan,
-                       labels=Path(args.labels) if args.labels else None, until=args.until or "",
+                       labels=Path(args.labels) if args.labels else None,
+                       signal=Path(args.signal) if args.signal else None, signal_tokens=args.signal_tokens,
+                       until=args.until or "",
                        install=args.install, only=args.only.split(",") if args.only else ())
     print(f"drafters for {args.target} under {Path(args.out) / 'models'}: {', '.join(made) or 'labels only'}")
     return 0
@@ -194,15 +196,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("path", help="print a model's local folder (a named model such as smollm2 is fetched first)")
     p.add_argument("name", help="smollm2, zoo:NAME, or a .gguf file")
 
-    p = sub.add_parser("distill", help="distill a drafter pool for a real target from its own greedy answers "
-                       "(resumes if interrupted)")
+    p = sub.add_parser("distill", help="distill a drafter pool for a real target from its answers and its "
+                       "reading of the train split (resumes if interrupted)")
     p.add_argument("--target", default="smollm2", help="the target (default smollm2)")
     p.add_argument("--data", default=None, help=DATA_HELP)
     p.add_argument("--out", required=True, help="build folder (corpus, labels, checkpoints, models)")
     p.add_argument("--labels", default=None, help="label folder (default: OUT/labels)")
     p.add_argument("--per-domain", type=int, default=400, help="training instructions answered per domain (400)")
-    p.add_argument("--batch", type=int, default=16, help="answers generated together (16)")
-    p.add_argument("--until", choices=("labels",), help="stop after this stage")
+    p.add_argument("--batch", type=int, default=32, help="answers generated together (32)")
+    p.add_argument("--signal", default=None,
+                   help="folder of the target's features and soft labels (default: OUT/signal; gigabytes)")
+    p.add_argument("--signal-tokens", type=int, default=450_000,
+                   help="tokens the target reads per domain and source (train split, answers) (450000)")
+    p.add_argument("--until", choices=("labels", "signal"), help="stop after this stage")
     p.add_argument("--only", help="train only these drafters, comma-separated (generalist, code, math, …, eagle)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--install", action="store_true", help="then copy the drafters into the package's zoo")

@@ -1,16 +1,24 @@
-"""Drafters for a real target, distilled from its own greedy answers (:mod:`draftwise.training.labels`).
+"""Drafters for a real target, distilled from what the target computes as it reads and writes.
 
-Each drafter is a small Llama over a frequency-ranked subset of the target's vocabulary
-(:mod:`draftwise.models.vocab_map`): the target's most frequent answer tokens, plus one id for every
-other token. Its embeddings start from the target's own, projected onto their principal
-directions, so training starts from the target's sense of which tokens are alike. The generalist
-learns every domain's answers; each specialist starts from the generalist and continues on its
-own domain only, so it keeps the generalist's language and sharpens on its domain's habits.
+The data (each stage resumable, kept outside the repository):
 
-Training is next-token cross-entropy on the answers' tokens only (what a drafter is asked to
-predict), with the chat prompt as context. Last, an EAGLE head learns the same answers from the
-target's hidden states (:mod:`draftwise.training.distill_eagle`).
+1. **labels** — the target's own greedy answers to the corpus's training instructions
+   (:mod:`draftwise.training.labels`): on-policy text, what drafters meet when the target writes;
+2. **signal** — the target reads those answers and the train split's reference responses in bulk
+   (:mod:`draftwise.training.signal`): its hidden states and next-token distribution (top-k) at
+   every position.
+
+The drafters:
+
+- **LM drafters**, small Llamas over a frequency-ranked subset of the target's vocabulary
+  (:mod:`draftwise.models.vocab_map`), embeddings started from the target's own projected onto their
+  principal directions. They learn the target's distribution (KL to its top-k, renormalised over
+  the subset) at every response position, the prompt as context (DistillSpec's recipe). The
+  generalist learns every domain; each specialist starts from it and continues on its own domain.
+- **The EAGLE head** (:mod:`draftwise.training.distill_eagle`), EAGLE-3-style: it fuses the
+  target's low, middle and high layers and is trained over several draft steps on its own predictions.
 """
+
 
 from __future__ import annotations
 
@@ -23,9 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from draftwise.api import Generator
@@ -34,12 +40,15 @@ from draftwise.models.vocab_map import FILE as VOCAB_FILE
 from draftwise.models.vocab_map import VocabMap
 from draftwise.training.budgets import BUDGETS
 from draftwise.training.corpus import DOMAINS, SPECIALIST_DOMAINS, build_corpus, read_corpus, write_corpus
-from draftwise.training.distill_eagle import train_eagle
+from draftwise.training.distill_eagle import SignalHeadRecipe, train_signal_head
+from draftwise.training.heads import soft_targets_loss
 from draftwise.training.labels import LabelPlan, chat_prompt_ids, label_domain, read_labels
-from draftwise.training.train import ModelShape, TrainConfig, chunk_stream, count_params, train_loop
+from draftwise.training.signal import SOURCES, run_signal
+from draftwise.training.signal_rows import SignalRows, held_layers, signal_chunks
+from draftwise.training.train import ModelShape, TrainConfig, count_params, train_loop
 from draftwise.zoo.load import MANIFEST, shipped_models_dir
 
-EAGLE = "eagle"  # the white-box head, trained after the LM drafters on the same labels
+EAGLE = "eagle"  # the white-box head, trained after the LM drafters on the same signal
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +58,8 @@ class DrafterRecipe:
     shape: ModelShape = ModelShape(layers=1, hidden=256, intermediate=768, heads=4, max_positions=8192)
     kv_heads: int = 4
     vocab: int = 4096  # drafter ids: vocab − 1 listed target tokens + one for the rest
-    seq_len: int = 512
-    generalist: TrainConfig = TrainConfig(steps=300, batch=16, seq_len=512, lr=2e-3, warmup=30)
-    specialist: TrainConfig = TrainConfig(steps=60, batch=16, seq_len=512, lr=6e-4, warmup=6)
+    generalist: TrainConfig = TrainConfig(steps=800, batch=16, seq_len=512, lr=2e-3, warmup=50)
+    specialist: TrainConfig = TrainConfig(steps=150, batch=16, seq_len=512, lr=6e-4, warmup=10)
 
 
 def choose_vocabulary(answers: Sequence[Sequence[int]], size: int, always: Sequence[int],
@@ -109,44 +117,23 @@ def new_drafter(recipe: DrafterRecipe, target: Any, vocab: VocabMap, seed: int) 
     return model
 
 
-def training_stream(examples: Sequence[tuple[list[int], list[int], list[int]]],
-                    vocab: VocabMap) -> tuple[np.ndarray, np.ndarray]:
-    """(prompt, continuation, labels) triples → one stream of drafter ids and one of targets: the
-    drafter id to predict at each position, −1 where nothing is learned (the prompt, and tokens the
-    drafter cannot propose). ``labels[i]`` is what the target writes after ``prompt + continuation[:i]``:
-    its greedy answer (then continuation = labels) or its top choice along a reference answer."""
-    ids: list[np.ndarray] = []
-    targets: list[np.ndarray] = []
-    for prompt, continuation, labels in examples:
-        tokens = vocab.draft_ids(list(prompt) + list(continuation)).numpy()
-        wanted = np.full(len(tokens), -1, dtype=np.int64)
-        mapped = vocab.draft_targets(torch.tensor(list(labels[: len(continuation)]), dtype=torch.long)).numpy()
-        wanted[len(prompt) - 1 : len(prompt) - 1 + len(mapped)] = mapped
-        ids.append(tokens)
-        targets.append(wanted)
-    return np.concatenate(ids).astype(np.int64), np.concatenate(targets)
+def signal_lm_loss(model: Any, batch: Any, vocab: VocabMap) -> torch.Tensor:
+    """KL to the target's next-token distribution (its top-k, renormalised over the drafter's
+    subset) at the batch's learned positions (:class:`~draftwise.training.signal_rows.RowBatch`)."""
+    hidden = model.model(input_ids=vocab.to_draft[batch.tokens]).last_hidden_state  # (B, T, H)
+    where = batch.learn
+    logits = model.lm_head(hidden[where])[:, : vocab.other]  # the drafter never proposes "every other token"
+    return soft_targets_loss(logits, vocab.draft_targets(batch.top_ids[where]), batch.top_logprobs[where])
 
 
-def masked_next_token_loss(model: Any, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy at the learned positions only (the LM head, most of the cost, runs only there)."""
-    hidden = model.model(input_ids=rows).last_hidden_state  # (B, T, H)
-    where = targets >= 0
-    logits = model.lm_head(hidden[where]).float()  # (N, V)
-    return F.cross_entropy(logits, targets[where])
-
-
-def train_drafter(model: Any, stream: tuple[np.ndarray, np.ndarray], config: TrainConfig, seed: int,
-                  checkpoint: Path, label: str) -> dict[str, Any]:
-    rows = torch.from_numpy(chunk_stream(stream[0], config.seq_len))
-    targets = torch.from_numpy(chunk_stream(stream[1], config.seq_len))
-
-    def loss_of_rows(m: Any, index: np.ndarray) -> torch.Tensor:
-        picked = torch.from_numpy(index)
-        return masked_next_token_loss(m, rows[picked], targets[picked])
-
-    state = train_loop(model, len(rows), loss_of_rows, config, seed, checkpoint, label, progress=False)
+def train_drafter_on_signal(model: Any, rows: Any, vocab: VocabMap, config: TrainConfig, seed: int,
+                            checkpoint: Path, label: str) -> dict[str, Any]:
+    """Train ``model`` on signal rows (:class:`~draftwise.training.signal_rows.SignalRows`, responses
+    only), resuming from ``checkpoint``; returns what the model card reports."""
+    state = train_loop(model, len(rows), lambda m, index: signal_lm_loss(m, rows.batch(index), vocab), config, seed,
+                       checkpoint, label, progress=False)
     return {"steps": state.step, "tokens_seen": state.tokens, "seconds": round(state.seconds, 1),
-            "final_loss": round(state.last_loss, 4), "rows": len(rows), "learned_positions": int((targets >= 0).sum())}
+            "final_loss": round(state.last_loss, 4), "rows": len(rows), "signal_tokens": rows.tokens()}
 
 
 def save_drafter(model: Any, vocab: VocabMap, folder: Path, meta: dict[str, Any]) -> None:
@@ -176,15 +163,19 @@ def corpus_for(data: Path, out: Path) -> Any:
     return corpus
 
 
-def run_distill(target_name: str, data: Path, out: Path, *, plan: Any = None, recipe: DrafterRecipe | None = None,
-                labels: Path | None = None, until: str = "", install: bool = False,
+def run_distill(target_name: str, data: Path, out: Path, *, plan: LabelPlan | None = None,
+                recipe: DrafterRecipe | None = None, head: SignalHeadRecipe | None = None, labels: Path | None = None,
+                signal: Path | None = None, signal_tokens: int = 450_000, until: str = "", install: bool = False,
                 only: Sequence[str] = ()) -> list[str]:
-    """Labels → vocabulary → generalist → specialists (→ installed into the package's zoo), each
-    stage skipped when its output exists: an interrupted build resumes where it stopped. ``only``
-    trains just the drafters it names (specialists need the generalist first)."""
+    """Labels → signal → vocabulary → generalist → specialists → EAGLE head (→ installed into the
+    package's zoo), each stage skipped when its output exists: an interrupted build resumes where it
+    stopped. ``signal_tokens``: per domain and source; ``only`` trains just the drafters it names
+    (specialists need the generalist first)."""
     recipe = recipe or DrafterRecipe()
     plan = plan or LabelPlan()
+    head = head or SignalHeadRecipe()
     labels = labels or out / "labels"
+    signal = signal or out / "signal"
     corpus = corpus_for(data, out)
     # the target as generation runs it by default (int4 for the GGUF smollm2): its answers are what drafters meet
     target, tokenizer, _ = load_target(target_name, LoadOptions())
@@ -193,18 +184,20 @@ def run_distill(target_name: str, data: Path, out: Path, *, plan: Any = None, re
         label_domain(plain, corpus.train[domain], labels / f"{domain}.jsonl", plan)
     if until == "labels":
         return []
-    data_of = {d: [(chat_prompt_ids(tokenizer, e.instruction), a, a)  # greedy: the labels are the continuation
-                   for e, a in read_labels(labels / f"{d}.jsonl", corpus.train[d])] for d in DOMAINS}
-    triples = [t for domain_triples in data_of.values() for t in domain_triples]
-    answers = [a for _, _, a in triples]
+    run_signal(target_name, corpus, labels, signal, signal_tokens)
+    if until == "signal":
+        return []
+    answers = [a for d in DOMAINS for _, a in read_labels(labels / f"{d}.jsonl", corpus.train[d])]
     vocab_path = out / "vocabulary.json"
     if not vocab_path.exists():
-        ids = choose_vocabulary(answers, recipe.vocab - 1, always=[tokenizer.eos_token_id],
-                                then=[p for p, _, _ in triples])
+        prompts = [chat_prompt_ids(tokenizer, e.instruction) for d in DOMAINS for e, _ in
+                   read_labels(labels / f"{d}.jsonl", corpus.train[d])]
+        ids = choose_vocabulary(answers, recipe.vocab - 1, always=[tokenizer.eos_token_id], then=prompts)
         vocab_path.write_text(json.dumps(ids) + "\n")
     vocab = VocabMap(json.loads(vocab_path.read_text()), int(target.config.vocab_size))
     coverage = sum(int(vocab.to_draft[t]) != vocab.other for a in answers for t in a) / max(1, sum(map(len, answers)))
     log.info("vocabulary of %d tokens covers %.4f of the answers' tokens", vocab.other, coverage)
+    held = held_layers(signal)
     made = []
     for name, domains in [("generalist", DOMAINS), *[(d, (d,)) for d in SPECIALIST_DOMAINS]]:
         model_dir = out / "models" / name
@@ -218,15 +211,17 @@ def run_distill(target_name: str, data: Path, out: Path, *, plan: Any = None, re
             else:
                 model = AutoModelForCausalLM.from_pretrained(str(out / "models" / "generalist"), dtype=torch.float32)
                 config = recipe.specialist
-            stream = training_stream([t for d in domains for t in data_of[d]], vocab)
-            meta = train_drafter(model, stream, config, seed=2, checkpoint=out / f"{name}.ckpt", label=name)
-            meta.update(domains=list(domains), vocabulary_coverage=round(coverage, 4),
-                        label_answers=sum(len(data_of[d]) for d in domains))
+            rows = SignalRows(signal_chunks(signal, SOURCES, domains), config.seq_len, held, (), responses_only=True)
+            meta = train_drafter_on_signal(model, rows, vocab, config, seed=2, checkpoint=out / f"{name}.ckpt",
+                                           label=name)
+            meta.update(domains=list(domains), vocabulary_coverage=round(coverage, 4))
             save_drafter(model, vocab, model_dir, meta)
         made.append(name)
     if not only or EAGLE in only:
-        sequences = {d: [list(p) + list(a) for p, _, a in data_of[d]] for d in DOMAINS}
-        train_eagle(target, target_name, sequences, vocab, out / EAGLE, out / "models" / EAGLE)
+        rows = SignalRows(signal_chunks(signal, SOURCES, DOMAINS), head.train.seq_len, held,
+                          (*head.feature_layers, -1))
+        if not (out / "models" / EAGLE / "model.safetensors").exists():
+            train_signal_head(target, target_name, rows, vocab, out / EAGLE, out / "models" / EAGLE, head, DOMAINS)
         made.append(EAGLE)
     if install:
         install_drafters(target_name, int(target.config.vocab_size), out / "models", made)

@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from draftwise.models.cached_lm import common_prefix_len
+from draftwise.models.cached_lm import common_prefix_len, layer_rows
 from draftwise.models.vocab_map import vocab_map_of
 from draftwise.training.corpus import DOMAINS, SPECIALIST_DOMAINS, Example, read_split
 from draftwise.training.tokenizer import encode_prompts
@@ -135,8 +135,8 @@ class HeadReplay:
     def __init__(self, head: Any, target: PreTrainedModel, prompt: Sequence[int], continuation: Sequence[int]) -> None:
         self.head, self.prompt_len = head, len(prompt)
         self.sequence = list(prompt) + list(continuation)
-        self.hidden = target(input_ids=torch.tensor([self.sequence]),
-                             output_hidden_states=True).hidden_states[-1][0].float()
+        states = target(input_ids=torch.tensor([self.sequence]), output_hidden_states=True).hidden_states
+        self.hidden = layer_rows(states, head.feature_layers, 0)
         self.sent = 0  # positions whose hidden states the head holds
         head.begin_query(prompt)
 

@@ -161,7 +161,13 @@ def soft_cross_entropy(features: torch.Tensor, lm_weight: torch.Tensor, top_ids:
 
     An id of −1 is a token the head cannot propose (outside its vocabulary subset): left out of p̃; a
     position with none of its top-k in the subset teaches nothing."""
-    log_q = torch.log_softmax(features @ lm_weight.T, -1)
+    return soft_targets_loss(features @ lm_weight.T, top_ids, top_logprobs)
+
+
+def soft_targets_loss(logits: torch.Tensor, top_ids: torch.Tensor, top_logprobs: torch.Tensor) -> torch.Tensor:
+    """−Σ p̃ log q for logits (…, V) against the teacher's top-k (…, k) ids (−1: left out) and log-probs
+    renormalised over the ids kept: the KL to that distribution, up to its entropy."""
+    log_q = torch.log_softmax(logits.float(), -1)
     known = top_ids >= 0
     teacher = torch.softmax(top_logprobs.masked_fill(~known, float("-inf")), -1).nan_to_num(0.0)
     return -(teacher * log_q.gather(-1, top_ids.clamp(min=0))).sum(-1).mean()

@@ -35,7 +35,7 @@ import logging
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +54,17 @@ ARRAYS = ("tokens", "starts", "prompt_lens", "features", "top_ids", "top_logprob
 @dataclass(frozen=True)
 class SignalPlan:
     # hidden-state indices kept (transformers' numbering: i = after decoder layer i; the last is the
-    # final norm's output, the LM head's input): EAGLE-3's low, middle and high layers, then the final one
-    layers: tuple[int, ...] = (3, 15, 27, -1)
+    # final norm's output, the LM head's input); None: :func:`default_layers`
+    layers: tuple[int, ...] | None = None
     top_k: int = 16
     batch_tokens: int = 2048  # tokens per prefill batch (padding included)
     max_tokens: int = 768  # a longer sequence is cut to its first max_tokens
     chunk_tokens: int = 65_536
+
+
+def default_layers(n_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low, middle and high layers, then the final one: (3, 15, 27, −1) for 30 layers."""
+    return (*sorted({max(1, n_layers // 10), max(1, n_layers // 2), max(1, n_layers - 3)}), -1)
 
 
 class DenseInt4Linear(nn.Module):
@@ -82,10 +87,20 @@ class DenseInt4Linear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-def bulk_target(model: Any) -> Any:
-    """``model`` (float32 as loaded) with every linear layer a :class:`DenseInt4Linear`, in place."""
-    replace_linears(model, DenseInt4Linear)
-    return model.eval()
+def bulk_target(target_name: str) -> tuple[Any, Any, str]:
+    """(model, tokenizer, numerics name): the target with the weights its default numerics computes with,
+    as dense products over many rows: an int4 target's 4-bit weights dequantized
+    (:class:`DenseInt4Linear`), a bfloat16 one in bfloat16, any other in float32."""
+    from draftwise.models.loading import LoadOptions, checkpoint_precision, load_causal_lm, resolve_model_path
+    from draftwise.models.numerics import resolve_numerics
+
+    path = resolve_model_path(target_name)
+    numerics = resolve_numerics(LoadOptions().numerics, "cpu", checkpoint_precision(path)).name
+    dtype = "bfloat16" if numerics == "bfloat16" else "float32"
+    model, tokenizer = load_causal_lm(target_name, LoadOptions(dtype=dtype), path)
+    if numerics == "int4":
+        replace_linears(model, DenseInt4Linear)
+    return model.eval(), tokenizer, numerics
 
 
 # -- sequences -------------------------------------------------------------------------------------------
@@ -150,7 +165,8 @@ def read_batch(target: Any, batch: list[ChatText], plan: SignalPlan) -> list[dic
     for i, s in enumerate(batch):
         ids[i, : len(s.tokens)] = torch.tensor(s.tokens)
     out = target(input_ids=ids, output_hidden_states=True)
-    features = torch.stack([out.hidden_states[i] for i in plan.layers], 2).half()  # (B, T, L, H)
+    layers = plan.layers or (-1,)
+    features = torch.stack([out.hidden_states[i] for i in layers], 2).half()  # (B, T, L, H)
     top = torch.log_softmax(out.logits.float(), -1).topk(plan.top_k, dim=-1)
     rows = []
     for i, s in enumerate(batch):
@@ -218,8 +234,7 @@ def write_plan(root: Path, plan: SignalPlan, target_name: str, numerics: str) ->
     wanted = {"plan": asdict(plan), "target": target_name, "numerics": numerics}
     if path.exists():
         held = json.loads(path.read_text())
-        held["plan"]["layers"] = tuple(held["plan"]["layers"])
-        if held != {**wanted, "plan": {**wanted["plan"], "layers": tuple(plan.layers)}}:
+        if json.loads(json.dumps(wanted)) != held:
             raise DraftwiseError(f"{root} holds signal of another plan or target ({held}); use another folder")
         return
     root.mkdir(parents=True, exist_ok=True)
@@ -234,17 +249,13 @@ def run_signal(target_name: str, corpus: Any, answers: Path | None, out: Path, p
     """Read every domain's train split (and, with ``answers``, the target's answers to it) into chunks
     under ``out``, up to ``per_domain_tokens`` per domain and source, in ``rounds`` passes over the
     domains (a run stopped early leaves them balanced). Returns tokens held per source and domain."""
-    from draftwise.models.loading import LoadOptions, checkpoint_precision, load_causal_lm, resolve_model_path
-    from draftwise.models.numerics import resolve_numerics
     from draftwise.training.labels import read_labels
 
+    target, tokenizer, numerics = bulk_target(target_name)
     plan = plan or SignalPlan()
-    numerics = resolve_numerics(LoadOptions().numerics, "cpu", checkpoint_precision(resolve_model_path(target_name)))
-    if numerics.name != "int4":
-        raise DraftwiseError(f"the bulk pass reads int4 targets; {target_name} computes in {numerics.name}")
-    write_plan(out, plan, target_name, numerics.name)
-    model, tokenizer = load_causal_lm(target_name, LoadOptions())
-    target = bulk_target(model)
+    if plan.layers is None:
+        plan = replace(plan, layers=default_layers(int(target.config.num_hidden_layers)))
+    write_plan(out, plan, target_name, numerics)
     sources = {"corpus": lambda d: corpus_sequences(tokenizer, corpus.train[d])}
     if answers is not None:
         sources["answers"] = lambda d: answer_sequences(tokenizer, read_labels(answers / f"{d}.jsonl", corpus.train[d]))

@@ -79,9 +79,11 @@ class SignalRows:
             window = slice(int(offset), int(offset) + self.seq_len)
             for name in parts:
                 part = arrays[name][window]
-                parts[name].append(part[:, self.columns] if name == "features" else part)
-        stack = {k: torch.from_numpy(np.stack(v)) for k, v in parts.items()}
-        return RowBatch(stack["tokens"].long(), stack["features"].float(), stack["top_ids"].long(),
+                if name != "features" or self.columns:  # no layers asked: no features read
+                    parts[name].append(part[:, self.columns] if name == "features" else part)
+        stack = {k: torch.from_numpy(np.stack(v)) for k, v in parts.items() if v}
+        features = stack["features"].float() if "features" in stack else torch.empty(0)
+        return RowBatch(stack["tokens"].long(), features, stack["top_ids"].long(),
                         stack["top_logprobs"].float(), stack["learn"])
 
 
