@@ -13,6 +13,7 @@ import torch
 
 from draftwise import Generator
 from draftwise.drafters import build_drafters
+from draftwise.errors import DraftwiseError
 from draftwise.models.loading import LoadOptions, load_causal_lm
 from draftwise.models.numerics import Int4Linear
 from draftwise.models.vocab_map import VocabMap
@@ -211,3 +212,29 @@ def test_the_soft_loss_ignores_tokens_outside_the_subset() -> None:
     assert torch.allclose(soft_cross_entropy(features[:, 1:2], weight, ids[:, 1:2], logprobs[:, 1:2]), -log_q.mean())
     assert soft_cross_entropy(features[:, 2:], weight, ids[:, 2:], logprobs[:, 2:]) == 0  # nothing it could propose
     assert torch.isfinite(full)
+
+
+def test_a_fused_head_started_from_a_final_layer_head_drafts_as_it_does(tiny_models, tmp_path) -> None:
+    from draftwise.drafters.eagle import EagleHead, eagle_config
+    from draftwise.drafters.whitebox import save_head, target_dims
+    from draftwise.training.distill_eagle import start_from
+
+    target, _ = load_causal_lm(str(tiny_models["llama-target"]), LoadOptions())
+    hidden, vocab = target_dims(target)
+    shape = dict(num_attention_heads=2, num_key_value_heads=1, intermediate_size=32)
+    torch.manual_seed(0)
+    plain = EagleHead(eagle_config(hidden, vocab, **shape)).eval()
+    save_head(plain, plain.config, tmp_path / "plain", dtype=torch.float32)
+    fused = EagleHead(eagle_config(hidden, vocab, feature_layers=LAYERS, **shape)).eval()
+    start_from(fused, tmp_path / "plain")
+    tokens = torch.tensor([[5, 9, 13, 17, 21, 25]])
+    with torch.no_grad():
+        states = target(tokens, output_hidden_states=True).hidden_states
+        embeds = target.get_input_embeddings()(tokens)
+        positions = torch.arange(6)[None]
+        both = torch.cat([states[1], states[-1]], -1)
+        assert torch.allclose(fused(both, embeds, positions)[0], plain(states[-1], embeds, positions)[0], atol=1e-5)
+    medusa_like = EagleHead(eagle_config(hidden, vocab, num_attention_heads=2, num_key_value_heads=1,
+                                         intermediate_size=16))
+    with pytest.raises(DraftwiseError, match="not a head of this shape"):
+        start_from(medusa_like, tmp_path / "plain")

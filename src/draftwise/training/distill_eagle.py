@@ -24,9 +24,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from draftwise.drafters.eagle import EagleHead, eagle_config
-from draftwise.drafters.whitebox import lm_head_fingerprint, save_head, target_dims
+from draftwise.drafters.whitebox import WEIGHTS_FILE, lm_head_fingerprint, save_head, target_dims
+from draftwise.errors import DraftwiseError
+from draftwise.models.loading import resolve_model_path
 from draftwise.models.vocab_map import FILE as VOCAB_FILE
 from draftwise.models.vocab_map import VocabMap
 from draftwise.training.heads import HiddenSet, batch_noise, eagle_loss
@@ -48,6 +51,7 @@ class SignalHeadRecipe:
     unroll: int = 4
     feature_noise: float = 0.05
     seed: int = 20261128
+    start: str = ""  # a trained head (folder or zoo name) to start from: see :func:`start_from`
 
 
 def signal_head_batch(rows: Any, index: np.ndarray, vocab: VocabMap, layers: int) -> tuple[HiddenSet, torch.Tensor]:
@@ -57,6 +61,24 @@ def signal_head_batch(rows: Any, index: np.ndarray, vocab: VocabMap, layers: int
     ids = vocab.draft_targets(batch.top_ids).masked_fill(~batch.learn[..., None], -1)
     data = HiddenSet(batch.tokens, batch.features[:, :, -1], ids, batch.top_logprobs)
     return data, batch.features[:, :, :layers].flatten(2)
+
+
+def start_from(head: EagleHead, folder: Path) -> None:
+    """Start ``head`` from a trained head of the same shape that reads the final layer only: its
+    weights, and a fusion that passes the final layer through (the same drafts as that head until
+    training moves it)."""
+    state = {k: v.float() for k, v in load_file(str(folder / WEIGHTS_FILE)).items()}
+    try:
+        missing, unexpected = head.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # a weight of another size
+        raise DraftwiseError(f"{folder}: not a head of this shape to start from ({exc})") from None
+    if unexpected or set(missing) - {"fuse.weight"}:
+        raise DraftwiseError(f"{folder}: not a head of this shape to start from ({missing + unexpected})")
+    if head.fuse is not None:
+        size, final = head.config.hidden_size, head.config.feature_layers.index(-1)
+        with torch.no_grad():
+            head.fuse.weight.zero_()
+            head.fuse.weight[:, final * size : (final + 1) * size] = torch.eye(size)
 
 
 def train_signal_head(target: Any, target_name: str, rows: Any, vocab: VocabMap, work: Path, folder: Path,
@@ -70,6 +92,8 @@ def train_signal_head(target: Any, target_name: str, rows: Any, vocab: VocabMap,
                           feature_layers=recipe.feature_layers)
     torch.manual_seed(recipe.seed)
     head = EagleHead(config)
+    if recipe.start:
+        start_from(head, Path(resolve_model_path(recipe.start)))
     embed = target.get_input_embeddings().weight.detach().float()
     lm = target.get_output_embeddings().weight.detach().float()[vocab.to_target]
     layers = len(recipe.feature_layers)
