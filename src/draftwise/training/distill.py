@@ -35,7 +35,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from draftwise.api import Generator
-from draftwise.models.loading import LoadOptions, load_target
+from draftwise.models.loading import LoadOptions, load_target, resolve_model_path
 from draftwise.models.vocab_map import FILE as VOCAB_FILE
 from draftwise.models.vocab_map import VocabMap
 from draftwise.training.budgets import BUDGETS
@@ -60,6 +60,7 @@ class DrafterRecipe:
     vocab: int = 4096  # drafter ids: vocab − 1 listed target tokens + one for the rest
     generalist: TrainConfig = TrainConfig(steps=800, batch=16, seq_len=512, lr=2e-3, warmup=50)
     specialist: TrainConfig = TrainConfig(steps=150, batch=16, seq_len=512, lr=6e-4, warmup=10)
+    start: str = ""  # a trained drafter of this shape and vocabulary (folder or zoo name) the generalist starts from
 
 
 def choose_vocabulary(answers: Sequence[Sequence[int]], size: int, always: Sequence[int],
@@ -206,7 +207,8 @@ def run_distill(target_name: str, data: Path, out: Path, *, plan: LabelPlan | No
         if not (model_dir / "model.safetensors").exists():
             model: Any
             if name == "generalist":
-                model = new_drafter(recipe, target, vocab, seed=1)
+                model = (AutoModelForCausalLM.from_pretrained(resolve_model_path(recipe.start), dtype=torch.float32)
+                         if recipe.start else new_drafter(recipe, target, vocab, seed=1))
                 config = recipe.generalist
             else:
                 model = AutoModelForCausalLM.from_pretrained(str(out / "models" / "generalist"), dtype=torch.float32)
