@@ -47,6 +47,10 @@ def main() -> None:
     parser.add_argument("--target", default="smollm2")
     parser.add_argument("--prompts", type=int, default=PROMPTS)
     parser.add_argument("--threads", type=int, default=THREADS)
+    parser.add_argument("--drafter", action="append", default=[], metavar="SPEC",
+                        help="measure these drafters (specs: a folder, eagle:head=FOLDER, zoo:NAME; repeatable) "
+                             "instead of the zoo's for the target")
+    parser.add_argument("--no-cost", action="store_true", help="acceptance only (no timed runs)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
@@ -59,8 +63,8 @@ def main() -> None:
     from draftwise.training.labels import chat_prompt_ids
     from draftwise.zoo import zoo_drafter_names, zoo_head_names
 
-    names = [f"zoo:{n}" for n in zoo_drafter_names(target=args.target)]
-    names += [f"zoo:{n}" for n in zoo_head_names(target=args.target)]
+    names = args.drafter or [f"zoo:{n}" for n in zoo_drafter_names(target=args.target)]
+    names += [] if args.drafter else [f"zoo:{n}" for n in zoo_head_names(target=args.target)]
     plain = Generator.from_pretrained(args.target, [], policy="fixed:none")
     target, tokenizer = plain.target.model, plain.tokenizer
     pool = build_drafters(names, target, tokenizer, LoadOptions())
@@ -77,9 +81,13 @@ def main() -> None:
         for drafter in pool:
             stats = (head_stats(drafter, target, prompts, conts, DRAFT_LENGTH) if drafter.reads_target_hidden
                      else drafter_stats(drafter.model, prompts, conts, DRAFT_LENGTH))
-            row[drafter.name] = {"mat": round(stats.mat, 3), "acceptance": round(stats.acceptance, 3)}
+            row[drafter.name] = {"mat": round(stats.mat, 3), "acceptance": round(stats.acceptance, 3),
+                                 "first": round(stats.first_acceptance, 3)}
         result["acceptance"][domain] = row
         logging.info("%s: %s", domain, {k: v["mat"] for k, v in row.items()})
+    if args.no_cost:
+        out_path.write_text(json.dumps(result, indent=2) + "\n")
+        return
     cost_prompts = [e.instruction for d in ("code", "math", "qa") for e in dev[d][:1]][:COST_PROMPTS]
     verify = []
     for prompt in cost_prompts:

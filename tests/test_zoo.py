@@ -31,8 +31,9 @@ def test_greedy_rounds_docstring_examples() -> None:
     ("match", "k", "expected"),
     [
         ([], 5, RoundStats(0, 0, 0, 0)),
-        ([True] * 12, 5, RoundStats(12, 2, 10, 10)),  # 5 + bonus, 5 + bonus
-        ([True, False, True], 5, RoundStats(3, 2, 2, 4)),  # t1 + bonus t2; then t3 accepted, no bonus
+        ([True] * 12, 5, RoundStats(12, 2, 10, 10, 2, 2)),  # 5 + bonus, 5 + bonus
+        ([True, False, True], 5, RoundStats(3, 2, 2, 4, 2, 2)),  # t1 + bonus t2; then t3 accepted, no bonus
+        ([False, True, True], 5, RoundStats(3, 2, 2, 5, 2, 1)),  # t1 the target's; then t2 t3 accepted, no bonus
     ],
 )
 def test_greedy_rounds_edge_cases(match: list[bool], k: int, expected: RoundStats) -> None:

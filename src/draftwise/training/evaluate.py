@@ -44,6 +44,8 @@ class RoundStats:
     rounds: int
     accepted: int  # accepted draft tokens
     drafted: int  # proposed draft tokens
+    opened: int = 0  # rounds that drafted at least one token
+    first: int = 0  # of those, rounds whose first drafted token was accepted
 
     def __add__(self, other: RoundStats) -> RoundStats:
         return RoundStats(*(a + b for a, b in zip(asdict(self).values(), asdict(other).values())))
@@ -55,6 +57,10 @@ class RoundStats:
     @property
     def acceptance(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def first_acceptance(self) -> float:
+        return self.first / self.opened if self.opened else 0.0
 
 
 def greedy_rounds(match: Sequence[bool], k: int) -> RoundStats:
@@ -69,12 +75,12 @@ def greedy_rounds(match: Sequence[bool], k: int) -> RoundStats:
         c=3: drafts 2, both match → accepts t4 t5, the target adds t6    (c = 6, done)
 
     >>> greedy_rounds([True, True, False, True, True, True], k=2)
-    RoundStats(tokens=6, rounds=2, accepted=4, drafted=4)
+    RoundStats(tokens=6, rounds=2, accepted=4, drafted=4, opened=2, first=2)
     >>> greedy_rounds([False, False, False], k=5)  # no luck: one token per round
-    RoundStats(tokens=3, rounds=3, accepted=0, drafted=6)
+    RoundStats(tokens=3, rounds=3, accepted=0, drafted=6, opened=3, first=0)
     """
     total = len(match)
-    produced = rounds = accepted = drafted = 0
+    produced = rounds = accepted = drafted = opened = first = 0
     while produced < total:
         budget = min(k, total - produced)
         run = 0
@@ -83,8 +89,10 @@ def greedy_rounds(match: Sequence[bool], k: int) -> RoundStats:
         rounds += 1
         drafted += budget
         accepted += run
+        opened += budget > 0
+        first += run > 0
         produced += run + (1 if produced + run < total else 0)  # + the target's own token
-    return RoundStats(tokens=total, rounds=rounds, accepted=accepted, drafted=drafted)
+    return RoundStats(tokens=total, rounds=rounds, accepted=accepted, drafted=drafted, opened=opened, first=first)
 
 
 @torch.no_grad()
@@ -161,7 +169,7 @@ def head_stats(head: Any, target: PreTrainedModel, prompts: Sequence[list[int]],
         while t < len(continuation):
             draft = replay.draft(t, min(k, len(continuation) - t - 1))
             accepted = common_prefix_len(draft, continuation[t:])
-            stats = stats + RoundStats(accepted + 1, 1, accepted, len(draft))
+            stats = stats + RoundStats(accepted + 1, 1, accepted, len(draft), int(bool(draft)), int(accepted > 0))
             t += accepted + 1
     return stats
 
