@@ -61,6 +61,7 @@ class DrafterRecipe:
     generalist: TrainConfig = TrainConfig(steps=800, batch=16, seq_len=512, lr=2e-3, warmup=50)
     specialist: TrainConfig = TrainConfig(steps=150, batch=16, seq_len=512, lr=6e-4, warmup=10)
     start: str = ""  # a trained drafter of this shape and vocabulary (folder or zoo name) the generalist starts from
+    sources: tuple[str, ...] = SOURCES  # which of the signal's sources it learns from
 
 
 def choose_vocabulary(answers: Sequence[Sequence[int]], size: int, always: Sequence[int],
@@ -213,14 +214,15 @@ def run_distill(target_name: str, data: Path, out: Path, *, plan: LabelPlan | No
             else:
                 model = AutoModelForCausalLM.from_pretrained(str(out / "models" / "generalist"), dtype=torch.float32)
                 config = recipe.specialist
-            rows = SignalRows(signal_chunks(signal, SOURCES, domains), config.seq_len, held, (), responses_only=True)
+            rows = SignalRows(signal_chunks(signal, recipe.sources, domains), config.seq_len, held, (),
+                              responses_only=True)
             meta = train_drafter_on_signal(model, rows, vocab, config, seed=2, checkpoint=out / f"{name}.ckpt",
                                            label=name)
             meta.update(domains=list(domains), vocabulary_coverage=round(coverage, 4))
             save_drafter(model, vocab, model_dir, meta)
         made.append(name)
     if not only or EAGLE in only:
-        rows = SignalRows(signal_chunks(signal, SOURCES, DOMAINS), head.train.seq_len, held,
+        rows = SignalRows(signal_chunks(signal, head.sources, DOMAINS), head.train.seq_len, held,
                           (*head.feature_layers, -1))
         if not (out / "models" / EAGLE / "model.safetensors").exists():
             train_signal_head(target, target_name, rows, vocab, out / EAGLE, out / "models" / EAGLE, head, DOMAINS)

@@ -52,6 +52,7 @@ class SignalHeadRecipe:
     feature_noise: float = 0.05
     seed: int = 20261128
     start: str = ""  # a trained head (folder or zoo name) to start from: see :func:`start_from`
+    sources: tuple[str, ...] = ("answers",)  # which of the signal's sources it learns from
 
 
 def signal_head_batch(rows: Any, index: np.ndarray, vocab: VocabMap, layers: int) -> tuple[HiddenSet, torch.Tensor]:

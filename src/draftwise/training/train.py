@@ -44,6 +44,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     clip: float = 1.0
     checkpoint_seconds: float = 180.0
+    snapshot_every: int = 0  # keep the model's weights every this many steps (a learning curve); 0: never
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,7 @@ class TrainState:
 
 
 def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainState) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "state": asdict(state)}, tmp)
     os.replace(tmp, path)  # atomic: a kill mid-write leaves the previous checkpoint intact
@@ -155,6 +157,12 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     return TrainState(**saved["state"])
+
+
+def snapshot_path(checkpoint: Path, step: int) -> Path:
+    """Where :func:`train_loop` keeps the weights at ``step`` (``TrainConfig.snapshot_every``)."""
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    return checkpoint.with_name(f"{checkpoint.stem}-step{step:06d}.pt")
 
 
 def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
@@ -217,6 +225,8 @@ def train_loop(
                 label, state.step, config.steps, smoothed, lr_at(state.step, config),
                 state.tokens / max(state.seconds, 1e-9),
             )
+        if config.snapshot_every and state.step % config.snapshot_every == 0:
+            torch.save(model.state_dict(), snapshot_path(checkpoint, state.step))
         if time.monotonic() - last_save > config.checkpoint_seconds:
             save_checkpoint(checkpoint, model, optimizer, state)
             last_save = time.monotonic()
