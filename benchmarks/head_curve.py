@@ -16,15 +16,12 @@ import json
 import logging
 import platform
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from real_zoo import DRAFT_LENGTH, continuations
+from real_zoo import DRAFT_LENGTH, continuations  # benchmarks/real_zoo.py
 
 
 def main() -> None:
