@@ -122,7 +122,7 @@ def path_action(args: argparse.Namespace) -> int:
 @action("distill")
 def distill_action(args: argparse.Namespace) -> int:
     # training and the models load torch and transformers (seconds): only the subcommand that runs them
-    from draftwise.training.distill import DrafterRecipe, run_distill
+    from draftwise.training.distill import run_distill
     from draftwise.training.distill_eagle import SignalHeadRecipe
     from draftwise.training.labels import LabelPlan
 
@@ -132,10 +132,8 @@ def distill_action(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     add_log_file(args.log)
     plan = LabelPlan(per_domain=args.per_domain, batch_size=args.batch)
-    # --start-from-zoo: the generalist and the head continue from the zoo's drafters for this target
-    start = (f"zoo:{args.target}-generalist", f"zoo:{args.target}-eagle") if args.start_from_zoo else ("", "")
     made = run_distill(args.target, data_dir(args), Path(args.out), plan=plan,
-                       recipe=DrafterRecipe(start=start[0]), head=SignalHeadRecipe(start=start[1]),
+                       head=SignalHeadRecipe(start=args.start_head or ""),
                        labels=Path(args.labels) if args.labels else None,
                        signal=Path(args.signal) if args.signal else None, signal_tokens=args.signal_tokens,
                        until=args.until or "",
@@ -213,8 +211,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--signal-tokens", type=int, default=450_000,
                    help="tokens the target reads per domain and source (train split, answers) (450000)")
     p.add_argument("--until", choices=("labels", "signal"), help="stop after this stage")
-    p.add_argument("--start-from-zoo", action="store_true",
-                   help="start the generalist and the EAGLE head from the zoo's own for this target (fine-tuning)")
+    p.add_argument("--start-head", metavar="HEAD",
+                   help="start the EAGLE head from this trained head (a folder or zoo name, e.g. zoo:smollm2-eagle)")
     p.add_argument("--only", help="train only these drafters, comma-separated (generalist, code, math, …, eagle)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--install", action="store_true", help="then copy the drafters into the package's zoo")

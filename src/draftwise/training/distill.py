@@ -43,7 +43,7 @@ from draftwise.training.corpus import DOMAINS, SPECIALIST_DOMAINS, build_corpus,
 from draftwise.training.distill_eagle import SignalHeadRecipe, train_signal_head
 from draftwise.training.heads import soft_targets_loss
 from draftwise.training.labels import LabelPlan, chat_prompt_ids, label_domain, read_labels
-from draftwise.training.signal import SOURCES, run_signal
+from draftwise.training.signal import run_signal
 from draftwise.training.signal_rows import SignalRows, held_layers, signal_chunks
 from draftwise.training.train import ModelShape, TrainConfig, count_params, train_loop
 from draftwise.zoo.load import MANIFEST, shipped_models_dir
@@ -58,10 +58,12 @@ class DrafterRecipe:
     shape: ModelShape = ModelShape(layers=1, hidden=256, intermediate=768, heads=4, max_positions=8192)
     kv_heads: int = 4
     vocab: int = 4096  # drafter ids: vocab − 1 listed target tokens + one for the rest
-    generalist: TrainConfig = TrainConfig(steps=800, batch=16, seq_len=512, lr=2e-3, warmup=50)
-    specialist: TrainConfig = TrainConfig(steps=150, batch=16, seq_len=512, lr=6e-4, warmup=10)
+    generalist: TrainConfig = TrainConfig(steps=400, batch=16, seq_len=512, lr=2e-3, warmup=26)
+    specialist: TrainConfig = TrainConfig(steps=60, batch=16, seq_len=512, lr=6e-4, warmup=5)
     start: str = ""  # a trained drafter of this shape and vocabulary (folder or zoo name) the generalist starts from
-    sources: tuple[str, ...] = SOURCES  # which of the signal's sources it learns from
+    # which of the signal's sources it learns from: the reference responses (corpus) lowered a warm-started
+    # generalist's dev MAT (1.47 → 1.42 after 100 steps), the target's own answers are what it drafts on
+    sources: tuple[str, ...] = ("answers",)
 
 
 def choose_vocabulary(answers: Sequence[Sequence[int]], size: int, always: Sequence[int],

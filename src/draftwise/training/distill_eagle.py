@@ -46,7 +46,7 @@ class SignalHeadRecipe:
     feature_layers: tuple[int, ...] = (3, 15, 27, -1)
     intermediate: int = 768
     train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        steps=3000, batch=8, seq_len=128, lr=2e-3, warmup=100, weight_decay=0.0))
+        steps=1200, batch=8, seq_len=128, lr=1e-3, warmup=50, weight_decay=0.0, snapshot_every=200))
     ce_weight: float = 0.1
     unroll: int = 4
     feature_noise: float = 0.05
