@@ -59,7 +59,7 @@ class DrafterRecipe:
     kv_heads: int = 4
     vocab: int = 4096  # drafter ids: vocab − 1 listed target tokens + one for the rest
     generalist: TrainConfig = TrainConfig(steps=400, batch=16, seq_len=512, lr=2e-3, warmup=26)
-    specialist: TrainConfig = TrainConfig(steps=60, batch=16, seq_len=512, lr=6e-4, warmup=5)
+    specialist: TrainConfig = TrainConfig(steps=150, batch=16, seq_len=512, lr=1e-3, warmup=10)
     start: str = ""  # a trained drafter of this shape and vocabulary (folder or zoo name) the generalist starts from
     # which of the signal's sources it learns from: the reference responses (corpus) lowered a warm-started
     # generalist's dev MAT (1.47 → 1.42 after 100 steps), the target's own answers are what it drafts on
