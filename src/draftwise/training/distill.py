@@ -35,6 +35,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from draftwise.api import Generator
+from draftwise.errors import DraftwiseError
 from draftwise.models.loading import LoadOptions, load_target, resolve_model_path
 from draftwise.models.vocab_map import FILE as VOCAB_FILE
 from draftwise.models.vocab_map import VocabMap
@@ -183,6 +184,8 @@ def run_distill(target_name: str, data: Path, out: Path, *, plan: LabelPlan | No
     corpus = corpus_for(data, out)
     # the target as generation runs it by default (int4 for the GGUF smollm2): its answers are what drafters meet
     target, tokenizer, _ = load_target(target_name, LoadOptions())
+    if tokenizer is None:
+        raise DraftwiseError(f"distill: target {target_name!r} has no tokenizer (the corpus is text)")
     plain = Generator(target, tokenizer, [], policy="fixed:none")
     for domain in DOMAINS:
         label_domain(plain, corpus.train[domain], labels / f"{domain}.jsonl", plan)

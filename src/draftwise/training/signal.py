@@ -71,6 +71,8 @@ class DenseInt4Linear(nn.Module):
     """The 4-bit weights of :class:`~draftwise.models.numerics.Int4Linear`, dequantized to bfloat16 and
     multiplied as one dense product (bulk prefill: many rows, no exactness needed)."""
 
+    dense: torch.Tensor
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         weight = weight.detach().float()
@@ -158,7 +160,7 @@ def length_batches(items: Sequence[ChatText], batch_tokens: int) -> Iterator[lis
 
 
 @torch.inference_mode()
-def read_batch(target: Any, batch: list[ChatText], plan: SignalPlan) -> list[dict[str, np.ndarray]]:
+def read_batch(target: Any, batch: list[ChatText], plan: SignalPlan) -> list[dict[str, Any]]:
     """The target on a right-padded batch (causal: padding after a sequence never reaches it)."""
     width = max(len(s.tokens) for s in batch)
     ids = torch.zeros(len(batch), width, dtype=torch.long)
