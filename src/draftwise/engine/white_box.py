@@ -24,10 +24,8 @@ class HiddenStateFeed:
         self.target = target
         self.readers = [d for d in drafters if d.reads_target_hidden]
         # every layer some reader reads, recorded once side by side; each reader gets its own columns
-        layers = tuple(dict.fromkeys(layer for d in self.readers for layer in d.feature_layers))
-        target.hidden_layers = layers
-        self.layers = layers
-        self.columns = [reader_columns(layers, d.feature_layers) for d in self.readers]
+        target.hidden_layers = tuple(dict.fromkeys(layer for d in self.readers for layer in d.feature_layers))
+        self.columns = [reader_columns(target.hidden_layers, d.feature_layers) for d in self.readers]
 
     def prefill(self, query: QueryState) -> float:
         """Run the prompt (all but its last token) through the target before round 1. Round 1 then
@@ -55,8 +53,9 @@ class HiddenStateFeed:
         known = len(context) - 1
         start = min(query.hidden_sent, known)  # a stop string may have cut the context back
         rows = self.target.hidden_states(context, start, known)
+        layers = (len(self.target.hidden_layers), -1)  # a row's recorded layers, side by side
         for drafter, columns in zip(self.readers, self.columns):
-            mine = rows if columns is None else rows.unflatten(-1, (len(self.layers), -1))[:, columns].flatten(1)
+            mine = rows if columns is None else rows.unflatten(-1, layers)[:, columns].flatten(1)
             drafter.observe_target(context, mine, start)
         query.hidden_sent = known
 

@@ -107,6 +107,14 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes.reshape(n, k).to(torch.int32), scales_zeros
 
 
+def dequantize_int4(codes: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
+    """The (N, K) float32 weights that :func:`quantize_int4`'s codes and scales stand for:
+    (q − 8)·scale + zero, each group of 32 inputs with its own scale and zero."""
+    scale = scales_zeros[..., 0].float().T.repeat_interleave(GROUP, 1)  # (N, K)
+    zero = scales_zeros[..., 1].float().T.repeat_interleave(GROUP, 1)
+    return (codes.float() - 8) * scale + zero
+
+
 class BlockLinear(nn.Module):
     """A dense linear layer whose rows are multiplied in fixed blocks of ``block`` rows (zero-padded),
     so that the kernel, and its order of sums, never changes with the number of rows. ``block`` 1

@@ -36,7 +36,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from draftwise.api import Generator
 from draftwise.errors import DraftwiseError
-from draftwise.models.loading import LoadOptions, load_target, resolve_model_path
+from draftwise.models.loading import LoadOptions, load_target
 from draftwise.models.vocab_map import FILE as VOCAB_FILE
 from draftwise.models.vocab_map import VocabMap
 from draftwise.training.budgets import BUDGETS
@@ -61,7 +61,6 @@ class DrafterRecipe:
     vocab: int = 4096  # drafter ids: vocab − 1 listed target tokens + one for the rest
     generalist: TrainConfig = TrainConfig(steps=400, batch=16, seq_len=512, lr=2e-3, warmup=26)
     specialist: TrainConfig = TrainConfig(steps=150, batch=16, seq_len=512, lr=1e-3, warmup=10)
-    start: str = ""  # a trained drafter of this shape and vocabulary (folder or zoo name) the generalist starts from
     # which of the signal's sources it learns from: the reference responses (corpus) lowered a warm-started
     # generalist's dev MAT (1.47 → 1.42 after 100 steps), the target's own answers are what it drafts on
     sources: tuple[str, ...] = ("answers",)
@@ -194,11 +193,11 @@ def run_distill(target_name: str, data: Path, out: Path, *, plan: LabelPlan | No
     run_signal(target_name, corpus, labels, signal, signal_tokens)
     if until == "signal":
         return []
-    answers = [a for d in DOMAINS for _, a in read_labels(labels / f"{d}.jsonl", corpus.train[d])]
+    labelled = [pair for d in DOMAINS for pair in read_labels(labels / f"{d}.jsonl", corpus.train[d])]
+    answers = [a for _, a in labelled]
     vocab_path = out / "vocabulary.json"
     if not vocab_path.exists():
-        prompts = [chat_prompt_ids(tokenizer, e.instruction) for d in DOMAINS for e, _ in
-                   read_labels(labels / f"{d}.jsonl", corpus.train[d])]
+        prompts = [chat_prompt_ids(tokenizer, e.instruction) for e, _ in labelled]
         ids = choose_vocabulary(answers, recipe.vocab - 1, always=[tokenizer.eos_token_id], then=prompts)
         vocab_path.write_text(json.dumps(ids) + "\n")
     vocab = VocabMap(json.loads(vocab_path.read_text()), int(target.config.vocab_size))
@@ -213,8 +212,7 @@ def run_distill(target_name: str, data: Path, out: Path, *, plan: LabelPlan | No
         if not (model_dir / "model.safetensors").exists():
             model: Any
             if name == "generalist":
-                model = (AutoModelForCausalLM.from_pretrained(resolve_model_path(recipe.start), dtype=torch.float32)
-                         if recipe.start else new_drafter(recipe, target, vocab, seed=1))
+                model = new_drafter(recipe, target, vocab, seed=1)
                 config = recipe.generalist
             else:
                 model = AutoModelForCausalLM.from_pretrained(str(out / "models" / "generalist"), dtype=torch.float32)

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from draftwise.errors import DraftwiseError
-from draftwise.models.numerics import GROUP, quantize_int4, replace_linears
+from draftwise.models.numerics import GROUP, dequantize_int4, quantize_int4, replace_linears
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +78,8 @@ class DenseInt4Linear(nn.Module):
         weight = weight.detach().float()
         if weight.shape[1] % GROUP:
             raise DraftwiseError(f"int4 weights need inputs a multiple of {GROUP} wide, got {weight.shape[1]}")
-        codes, scales_zeros = quantize_int4(weight)
-        scale = scales_zeros[..., 0].float().T.repeat_interleave(GROUP, 1)  # (N, K)
-        zero = scales_zeros[..., 1].float().T.repeat_interleave(GROUP, 1)
-        self.register_buffer("dense", ((codes.float() - 8) * scale + zero).to(torch.bfloat16), persistent=False)
+        dense = dequantize_int4(*quantize_int4(weight)).to(torch.bfloat16)
+        self.register_buffer("dense", dense, persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -204,7 +202,7 @@ def read_sequences(target: Any, sequences: Iterable[ChatText], folder: Path, pla
     for stale in folder.glob("tmp-*"):
         shutil.rmtree(stale)
     done, have = done_keys(folder), chunk_tokens(folder)
-    added = 0
+    added = pending_tokens = 0
     pending: list[ChatText] = []
 
     def flush(items: list[ChatText]) -> int:
@@ -217,14 +215,15 @@ def read_sequences(target: Any, sequences: Iterable[ChatText], folder: Path, pla
         return n
 
     for sequence in sequences:
-        if have + added + sum(len(s.tokens) for s in pending) >= token_budget:
+        if have + added + pending_tokens >= token_budget:
             break
         if sequence.key in done:
             continue
         pending.append(ChatText(sequence.key, sequence.tokens[: plan.max_tokens], sequence.prompt_len))
-        if sum(len(s.tokens) for s in pending) >= plan.chunk_tokens:
+        pending_tokens += len(pending[-1].tokens)
+        if pending_tokens >= plan.chunk_tokens:
             added += flush(pending)
-            pending = []
+            pending, pending_tokens = [], 0
     if pending:
         added += flush(pending)
     return added
@@ -241,9 +240,6 @@ def write_plan(root: Path, plan: SignalPlan, target_name: str, numerics: str) ->
         return
     root.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(wanted, indent=2) + "\n")
-
-
-SOURCES = ("corpus", "answers")
 
 
 def run_signal(target_name: str, corpus: Any, answers: Path | None, out: Path, per_domain_tokens: int,

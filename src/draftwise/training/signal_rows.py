@@ -73,18 +73,16 @@ class SignalRows:
         return self._arrays[c]
 
     def batch(self, index: np.ndarray) -> RowBatch:
-        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("tokens", "features", "top_ids", "top_logprobs", "learn")}
-        for c, offset in self.windows[index]:
-            arrays = self.arrays(int(c))
-            window = slice(int(offset), int(offset) + self.seq_len)
-            for name in parts:
-                part = arrays[name][window]
-                if name != "features" or self.columns:  # no layers asked: no features read
-                    parts[name].append(part[:, self.columns] if name == "features" else part)
-        stack = {k: torch.from_numpy(np.stack(v)) for k, v in parts.items() if v}
-        features = stack["features"].float() if "features" in stack else torch.empty(0)
-        return RowBatch(stack["tokens"].long(), features, stack["top_ids"].long(),
-                        stack["top_logprobs"].float(), stack["learn"])
+        windows = [(self.arrays(int(c)), slice(int(o), int(o) + self.seq_len)) for c, o in self.windows[index]]
+
+        def stacked(name: str) -> torch.Tensor:
+            return torch.from_numpy(np.stack([arrays[name][window] for arrays, window in windows]))
+
+        features = (torch.from_numpy(np.stack([arrays["features"][window][:, self.columns]
+                                               for arrays, window in windows])).float()
+                    if self.columns else torch.empty(0))  # no layers asked: no features read
+        return RowBatch(stacked("tokens").long(), features, stacked("top_ids").long(),
+                        stacked("top_logprobs").float(), stacked("learn"))
 
 
 def learn_mask(starts: np.ndarray, prompt_lens: np.ndarray, responses_only: bool) -> np.ndarray:
