@@ -214,7 +214,7 @@ def test_the_soft_loss_ignores_tokens_outside_the_subset() -> None:
     assert torch.isfinite(full)
 
 
-def test_a_fused_head_started_from_a_final_layer_head_drafts_as_it_does(tiny_models, tmp_path) -> None:
+def test_a_head_started_from_a_trained_one_drafts_as_it_does(tiny_models, tmp_path) -> None:
     from draftwise.drafters.eagle import EagleHead, eagle_config
     from draftwise.drafters.whitebox import save_head, target_dims
     from draftwise.training.distill_eagle import start_from
@@ -234,6 +234,12 @@ def test_a_fused_head_started_from_a_final_layer_head_drafts_as_it_does(tiny_mod
         positions = torch.arange(6)[None]
         both = torch.cat([states[1], states[-1]], -1)
         assert torch.allclose(fused(both, embeds, positions)[0], plain(states[-1], embeds, positions)[0], atol=1e-5)
+        fused.fuse.weight.add_(0.1 * torch.randn_like(fused.fuse.weight))  # as training moves it
+        save_head(fused, fused.config, tmp_path / "fused", dtype=torch.float32)
+        again = EagleHead(fused.config).eval()
+        start_from(again, tmp_path / "fused")  # continuing a fused head keeps its fusion
+        assert torch.equal(again.fuse.weight, fused.fuse.weight)
+        assert torch.allclose(again(both, embeds, positions)[0], fused(both, embeds, positions)[0], atol=1e-5)
     medusa_like = EagleHead(eagle_config(hidden, vocab, num_attention_heads=2, num_key_value_heads=1,
                                          intermediate_size=16))
     with pytest.raises(DraftwiseError, match="not a head of this shape"):

@@ -65,9 +65,9 @@ def signal_head_batch(rows: Any, index: np.ndarray, vocab: VocabMap, layers: int
 
 
 def start_from(head: EagleHead, folder: Path) -> None:
-    """Start ``head`` from a trained head of the same shape that reads the final layer only: its
-    weights, and a fusion that passes the final layer through (the same drafts as that head until
-    training moves it)."""
+    """Start ``head`` from a trained head of the same shape: its weights. A fused ``head`` started from
+    one that reads the final layer only gets a fusion that passes the final layer through (the same
+    drafts as that head until training moves it); started from a fused head, it keeps that fusion."""
     state = {k: v.float() for k, v in load_file(str(folder / WEIGHTS_FILE)).items()}
     try:
         missing, unexpected = head.load_state_dict(state, strict=False)
@@ -75,7 +75,7 @@ def start_from(head: EagleHead, folder: Path) -> None:
         raise DraftwiseError(f"{folder}: not a head of this shape to start from ({exc})") from None
     if unexpected or set(missing) - {"fuse.weight"}:
         raise DraftwiseError(f"{folder}: not a head of this shape to start from ({missing + unexpected})")
-    if head.fuse is not None:
+    if head.fuse is not None and "fuse.weight" in missing:
         size, final = head.config.hidden_size, head.config.feature_layers.index(-1)
         with torch.no_grad():
             head.fuse.weight.zero_()
