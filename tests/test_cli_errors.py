@@ -240,6 +240,20 @@ def test_sim_refuses_bad_numbers(capsys, extra, message):
     _one_clear_error(code, err, message)
 
 
+# ----------------------------------------------------------------------------- zoo distill
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--head-steps", "0"], "--head-steps must be ≥ 1, got 0"),
+    (["--head-lr", "nan"], "--head-lr must be a finite number > 0, got nan"),
+    (["--head-lr=-1e-3"], "--head-lr must be a finite number > 0, got -0.001"),
+])
+def test_distill_refuses_a_bad_head_schedule_before_any_work(capsys, tmp_path, extra, message):
+    code, _, err = _run(capsys, "zoo", "distill", "--out", str(tmp_path / "build"), *extra)
+    _one_clear_error(code, err, message)
+    assert not (tmp_path / "build").exists()
+
+
 # ----------------------------------------------------------------------------- closed pipes
 
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from draftwise.bench.datasets import resolve_data_dir
 from draftwise.errors import DraftwiseError
@@ -14,6 +17,9 @@ from draftwise.models.named_models import NAMED_MODELS
 from draftwise.registry import Registry
 from draftwise.request import check_seed
 from draftwise.zoo.load import zoo_entries
+
+if TYPE_CHECKING:
+    from draftwise.training.distill_eagle import SignalHeadRecipe
 
 Action = Callable[[argparse.Namespace], int]
 ACTIONS: Registry[Action] = Registry("zoo command")
@@ -119,11 +125,23 @@ def path_action(args: argparse.Namespace) -> int:
     return 0
 
 
+def head_recipe(args: argparse.Namespace) -> SignalHeadRecipe:
+    """The EAGLE head's recipe with the command line's start, steps and learning rate."""
+    from draftwise.training.distill_eagle import SignalHeadRecipe
+
+    recipe = SignalHeadRecipe(start=args.start_head or "")
+    if args.head_steps is not None and args.head_steps < 1:
+        raise DraftwiseError(f"--head-steps must be ≥ 1, got {args.head_steps}")
+    if args.head_lr is not None and not (math.isfinite(args.head_lr) and args.head_lr > 0):
+        raise DraftwiseError(f"--head-lr must be a finite number > 0, got {args.head_lr}")
+    train = replace(recipe.train, steps=args.head_steps or recipe.train.steps, lr=args.head_lr or recipe.train.lr)
+    return replace(recipe, train=train)
+
+
 @action("distill")
 def distill_action(args: argparse.Namespace) -> int:
     # training and the models load torch and transformers (seconds): only the subcommand that runs them
     from draftwise.training.distill import run_distill
-    from draftwise.training.distill_eagle import SignalHeadRecipe
     from draftwise.training.labels import LabelPlan
 
     if args.threads is not None:
@@ -132,8 +150,7 @@ def distill_action(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     add_log_file(args.log)
     plan = LabelPlan(per_domain=args.per_domain, batch_size=args.batch)
-    made = run_distill(args.target, data_dir(args), Path(args.out), plan=plan,
-                       head=SignalHeadRecipe(start=args.start_head or ""),
+    made = run_distill(args.target, data_dir(args), Path(args.out), plan=plan, head=head_recipe(args),
                        labels=Path(args.labels) if args.labels else None,
                        signal=Path(args.signal) if args.signal else None, signal_tokens=args.signal_tokens,
                        until=args.until or "",
@@ -213,6 +230,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--until", choices=("labels", "signal"), help="stop after this stage")
     p.add_argument("--start-head", metavar="HEAD",
                    help="start the EAGLE head from this trained head (a folder or zoo name, e.g. zoo:smollm2-eagle)")
+    p.add_argument("--head-steps", type=int, default=None,
+                   help="the head's training steps (default: the recipe's; a continued head may train longer)")
+    p.add_argument("--head-lr", type=float, default=None, help="the head's peak learning rate (default: the recipe's)")
     p.add_argument("--only", help="train only these drafters, comma-separated (generalist, code, math, …, eagle)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--install", action="store_true", help="then copy the drafters into the package's zoo")
