@@ -225,8 +225,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=32, help="answers generated together (32)")
     p.add_argument("--signal", default=None,
                    help="folder of the target's features and soft labels (default: OUT/signal; gigabytes)")
-    p.add_argument("--signal-tokens", type=int, default=450_000,
-                   help="tokens the target reads per domain and source (train split, answers) (450000)")
+    p.add_argument("--signal-tokens", type=int, default=220_000,
+                   help="tokens of each domain's train split the target reads (220000); it reads every answer")
     p.add_argument("--until", choices=("labels", "signal"), help="stop after this stage")
     p.add_argument("--start-head", metavar="HEAD",
                    help="start the EAGLE head from this trained head (a folder or zoo name, e.g. zoo:smollm2-eagle)")

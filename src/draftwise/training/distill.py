@@ -59,7 +59,7 @@ class DrafterRecipe:
     shape: ModelShape = ModelShape(layers=1, hidden=256, intermediate=768, heads=4, max_positions=8192)
     kv_heads: int = 4
     vocab: int = 4096  # drafter ids: vocab − 1 listed target tokens + one for the rest
-    generalist: TrainConfig = TrainConfig(steps=400, batch=16, seq_len=512, lr=2e-3, warmup=26)
+    generalist: TrainConfig = TrainConfig(steps=600, batch=16, seq_len=512, lr=2e-3, warmup=40)
     specialist: TrainConfig = TrainConfig(steps=150, batch=16, seq_len=512, lr=1e-3, warmup=10)
     # which of the signal's sources it learns from: the reference responses (corpus) lowered a warm-started
     # generalist's dev MAT (1.47 → 1.42 after 100 steps), the target's own answers are what it drafts on
@@ -169,12 +169,12 @@ def corpus_for(data: Path, out: Path) -> Any:
 
 def run_distill(target_name: str, data: Path, out: Path, *, plan: LabelPlan | None = None,
                 recipe: DrafterRecipe | None = None, head: SignalHeadRecipe | None = None, labels: Path | None = None,
-                signal: Path | None = None, signal_tokens: int = 450_000, until: str = "", install: bool = False,
+                signal: Path | None = None, signal_tokens: int = 220_000, until: str = "", install: bool = False,
                 only: Sequence[str] = ()) -> list[str]:
     """Labels → signal → vocabulary → generalist → specialists → EAGLE head (→ installed into the
     package's zoo), each stage skipped when its output exists: an interrupted build resumes where it
-    stopped. ``signal_tokens``: per domain and source; ``only`` trains just the drafters it names
-    (specialists need the generalist first)."""
+    stopped. ``signal_tokens``: of each domain's train split (every answer is read); ``only`` trains
+    just the drafters it names (specialists need the generalist first)."""
     recipe = recipe or DrafterRecipe()
     plan = plan or LabelPlan()
     head = head or SignalHeadRecipe()

@@ -33,8 +33,9 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -244,9 +245,10 @@ def write_plan(root: Path, plan: SignalPlan, target_name: str, numerics: str) ->
 
 def run_signal(target_name: str, corpus: Any, answers: Path | None, out: Path, per_domain_tokens: int,
                plan: SignalPlan | None = None, rounds: int = 4) -> dict[str, dict[str, int]]:
-    """Read every domain's train split (and, with ``answers``, the target's answers to it) into chunks
-    under ``out``, up to ``per_domain_tokens`` per domain and source, in ``rounds`` passes over the
-    domains (a run stopped early leaves them balanced). Returns tokens held per source and domain."""
+    """Read every domain's train split into chunks under ``out``, up to ``per_domain_tokens`` per
+    domain in ``rounds`` passes over the domains (a run stopped early leaves them balanced), and with
+    ``answers`` every one of the target's answers to it (the drafters learn from those). Returns
+    tokens held per source and domain."""
     from draftwise.training.labels import read_labels
 
     target, tokenizer, numerics = bulk_target(target_name)
@@ -254,11 +256,13 @@ def run_signal(target_name: str, corpus: Any, answers: Path | None, out: Path, p
     if plan.layers is None:
         plan = replace(plan, layers=default_layers(int(target.config.num_hidden_layers)))
     write_plan(out, plan, target_name, numerics)
-    sources = {"corpus": lambda d: corpus_sequences(tokenizer, corpus.train[d])}
+    sources: dict[str, tuple[Callable[[str], Iterator[ChatText]], int]] = {
+        "corpus": (lambda d: corpus_sequences(tokenizer, corpus.train[d]), per_domain_tokens)}
     if answers is not None:
-        sources["answers"] = lambda d: answer_sequences(tokenizer, read_labels(answers / f"{d}.jsonl", corpus.train[d]))
+        sources["answers"] = (lambda d: answer_sequences(tokenizer, read_labels(answers / f"{d}.jsonl",
+                                                                                corpus.train[d])), sys.maxsize)
     for r in range(1, rounds + 1):
-        for name, make in sources.items():
+        for name, (make, budget) in sources.items():
             for domain in corpus.train:
-                read_sequences(target, make(domain), out / name / domain, plan, per_domain_tokens * r // rounds)
+                read_sequences(target, make(domain), out / name / domain, plan, budget * r // rounds)
     return {name: {d: chunk_tokens(out / name / d) for d in corpus.train} for name in sources}
