@@ -31,12 +31,14 @@ THREADS = 1
 
 
 def continuations(plain, prompts, cache: Path) -> list[list[int]]:
+    """The target's greedy answers to ``prompts``, kept in ``cache`` with the prompts they answer (a
+    cache of more prompts serves its first ones)."""
     from draftwise.training.labels import greedy_answers
 
-    if cache.exists():
-        return json.loads(cache.read_text())
+    if cache.exists() and (kept := json.loads(cache.read_text()))["prompts"][: len(prompts)] == prompts:
+        return kept["answers"][: len(prompts)]
     out = greedy_answers(plain, prompts, MAX_NEW)
-    cache.write_text(json.dumps(out))
+    cache.write_text(json.dumps({"prompts": prompts, "answers": out}))
     return out
 
 
