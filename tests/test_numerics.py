@@ -55,6 +55,28 @@ def test_a_k_token_forward_equals_k_one_token_forwards(zoo_model) -> None:
             assert torch.equal(stepwise.logits(context + new[: j + 1])[0], whole[j]), (k, j)
 
 
+def test_a_tree_node_gets_what_plain_decoding_of_its_path_gets(zoo_model) -> None:
+    """A node's visible keys sit among its siblings' in a tree forward, and a chain's keys contiguous:
+    each node's logits must still be those of one-token decoding along the root-to-node path."""
+    model, _ = zoo_model
+    vocab = model.config.vocab_size
+    rng = random.Random(4)
+    for trial in range(6):
+        context = [rng.randrange(vocab) for _ in range(rng.randrange(20, 150))]
+        nodes = rng.randrange(2, 17)
+        tokens = [rng.randrange(vocab) for _ in range(nodes)]
+        parents = [-1] + [rng.randrange(-1, i) for i in range(1, nodes)]
+        tree = CachedLM(model).tree_logits(context, tokens, parents)
+        plain = CachedLM(model)
+        plain.logits(context)
+        for i in range(nodes):
+            path, node = [], i
+            while node >= 0:
+                path.insert(0, tokens[node])
+                node = parents[node]
+            assert torch.equal(plain.logits(context + path)[0], tree[i + 1]), (trial, i, parents)
+
+
 def test_a_prompt_s_logits_do_not_depend_on_what_follows_it(zoo_model) -> None:
     """The first round prefills the prompt with the draft: the prompt's last row is plain decoding's."""
     model, _ = zoo_model

@@ -39,7 +39,11 @@ def test_the_real_target_has_distilled_drafters_and_a_white_box_head() -> None:
     assert len(REAL_DRAFTERS) >= 7 and REAL_HEADS
 
 
-@pytest.mark.parametrize("drafter", ["pld", "suffix", *REAL_DRAFTERS[:2], *REAL_HEADS[:1]])
+TREE = "tree=dynamic,topk=4,budget=8"
+
+
+@pytest.mark.parametrize("drafter", ["pld", "suffix", *REAL_DRAFTERS[:2], *REAL_HEADS[:1],
+                                     f"eagle:head={REAL_HEADS[0]},{TREE}"])
 def test_each_drafter_kind_keeps_the_target_s_tokens(real_target: Generator, drafter: str) -> None:
     from draftwise.drafters import build_drafters
     from draftwise.models.loading import LoadOptions

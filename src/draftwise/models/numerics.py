@@ -202,12 +202,34 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         for b in range(batch):
             # (n, H_kv, group, d): query token t's heads of key head g are the rows of one product
             q = query[b].reshape(kv_heads, group, n, dim).permute(2, 0, 1, 3).to(dtype)
-            k = key[b : b + 1].expand(n, -1, -1, -1)
-            v = value[b : b + 1].expand(n, -1, -1, -1)
-            m = mask[b][:, None, None, :].expand(n, 1, group, padded).to(dtype)
+            seen = visible_first(mask[b])
+            if seen is None:
+                k = key[b : b + 1].expand(n, -1, -1, -1)
+                v = value[b : b + 1].expand(n, -1, -1, -1)
+                row_mask = mask[b]
+            else:  # each query's own keys, gathered to the front as one-token decoding holds them
+                order, row_mask = seen
+                k, v = key[b][:, order].transpose(0, 1), value[b][:, order].transpose(0, 1)
+            m = row_mask[:, None, None, :].expand(n, 1, group, padded).to(dtype)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scaling)  # (n, H_kv, group, d)
             outputs.append(out.reshape(n, heads, dim))
         return torch.stack(outputs).to(query.dtype), None
+
+
+def visible_first(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """For an (n, keys) additive mask whose rows do not each see a prefix of the keys (a draft tree's
+    nodes see their ancestors among their siblings): per row the order of the keys that puts the
+    ones it sees first, in their own order, and the mask in that order. A kernel sums a row's keys in
+    an order set by their places, so a node's keys must sit where plain decoding of its path has them.
+    None when every row sees a prefix (chains: nothing to move)."""
+    blocked = torch.finfo(mask.dtype).min
+    seen = mask > blocked
+    counts = seen.sum(-1, keepdim=True)
+    first = torch.arange(mask.shape[-1], device=mask.device) < counts
+    if torch.equal(seen, first):
+        return None
+    order = torch.sort((~seen).to(torch.uint8), dim=-1, stable=True).indices
+    return order, torch.zeros_like(mask).masked_fill_(~first, blocked)
 
 
 @contextlib.contextmanager
