@@ -146,12 +146,14 @@ class BlockLinear(nn.Module):
 
 # -- attention ----------------------------------------------------------------------------------------
 class MaskMemo:
-    """The padded mask of the forward in progress: built by its first layer, reused by the others."""
+    """The padded mask of the forward in progress and its rows' key orders (:func:`key_orders`): built
+    by its first layer, reused by the others."""
 
     def __init__(self) -> None:
         self.key: tuple[Any, ...] | None = None
         self.source: torch.Tensor | None = None  # held, so its id cannot be reused while memoized
         self.mask: torch.Tensor | None = None
+        self.orders: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
 
 
 _memo = MaskMemo()
@@ -172,8 +174,18 @@ def padded_mask(attention_mask: torch.Tensor | None, batch: int, n: int, keys: i
         if given.dtype == torch.bool:
             given = torch.zeros(given.shape, device=device).masked_fill_(~given, blocked)
         mask = pad_mask(given.float().clamp_min(blocked)).expand(batch, n, padded)
-    _memo.key, _memo.source, _memo.mask = key, attention_mask, mask
+    _memo.key, _memo.source, _memo.mask, _memo.orders = key, attention_mask, mask, None
     return mask
+
+
+def key_orders(mask: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+    """:func:`visible_first` of each batch element of a (batch, n, keys) mask, once per forward."""
+    if _memo.mask is mask and _memo.orders is not None:
+        return _memo.orders
+    orders = [visible_first(rows) for rows in mask]
+    if _memo.mask is mask:
+        _memo.orders = orders
+    return orders
 
 
 def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -199,10 +211,11 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
             out = F.scaled_dot_product_attention(q, key, value, attn_mask=m, scale=scaling)  # (B, H_kv, group, d)
             return out.reshape(batch, 1, heads, dim).to(query.dtype), None
         outputs = []
+        orders = key_orders(mask)
         for b in range(batch):
             # (n, H_kv, group, d): query token t's heads of key head g are the rows of one product
             q = query[b].reshape(kv_heads, group, n, dim).permute(2, 0, 1, 3).to(dtype)
-            seen = visible_first(mask[b])
+            seen = orders[b]
             if seen is None:
                 k = key[b : b + 1].expand(n, -1, -1, -1)
                 v = value[b : b + 1].expand(n, -1, -1, -1)
