@@ -174,7 +174,9 @@ def padded_mask(attention_mask: torch.Tensor | None, batch: int, n: int, keys: i
         if given.dtype == torch.bool:
             given = torch.zeros(given.shape, device=device).masked_fill_(~given, blocked)
         mask = pad_mask(given.float().clamp_min(blocked)).expand(batch, n, padded)
-    _memo.key, _memo.source, _memo.mask, _memo.orders = key, attention_mask, mask, None
+    # a causal mask shows every row a prefix of the keys: no key order to work out (a chain's verification)
+    orders: list[tuple[torch.Tensor, torch.Tensor] | None] | None = [None] * batch if attention_mask is None else None
+    _memo.key, _memo.source, _memo.mask, _memo.orders = key, attention_mask, mask, orders
     return mask
 
 
