@@ -14,7 +14,7 @@ from conftest import batch_round
 from draftwise import Generator
 from draftwise.errors import DraftwiseError
 from draftwise.models.batched_lm import BatchedLM
-from draftwise.models.cached_lm import CachedLM
+from draftwise.models.cached_lm import PROMPT_BLOCK, CachedLM
 from draftwise.models.loading import LoadOptions, checkpoint_precision, load_target, rows_are_independent
 from draftwise.models.numerics import (
     GROUP,
@@ -23,6 +23,7 @@ from draftwise.models.numerics import (
     lean_layers,
     quantize_int4,
     resolve_numerics,
+    threads_keep_rows,
 )
 from draftwise.models.numerics_modes import EXACT_MODES
 
@@ -150,15 +151,47 @@ def test_tiny_gpt2_and_llama_are_exact_in_every_mode(tiny_models) -> None:
 
 @pytest.mark.parametrize("mode", EXACT)
 def test_rows_stay_exact_on_two_threads(mode: str) -> None:
-    """Attention runs on one thread (the kernel splits a small batch's keys across threads otherwise);
-    the products keep both."""
+    """Attention keeps both threads (its kernel splits heads and blocks of rows, never a row's keys,
+    as the probe at first use checks): a row's bits are those of one thread."""
     torch.set_num_threads(2)
     try:
-        model, _, _ = load_target(ZOO_TARGET, LoadOptions(numerics=mode))  # checks 5 rows at load
+        model, _, _ = load_target(ZOO_TARGET, LoadOptions(numerics=mode))  # checks rows at load
+        assert threads_keep_rows(2)
         assert rows_are_independent(model, context=150, new=9, seed=1)
-        assert torch.get_num_threads() == 2
+        two = CachedLM(model).logits(list(range(3, 700)), 4)
+        torch.set_num_threads(1)
+        assert torch.equal(CachedLM(model).logits(list(range(3, 700)), 4), two)
     finally:
         torch.set_num_threads(1)
+
+
+def test_a_long_prompt_read_in_blocks_gives_the_rows_of_one_token_decoding(zoo_model) -> None:
+    """A prompt longer than a block is read in several forwards, each of whole 64-token blocks of
+    rows: its last rows, and the tokens decoded after it, are one-token decoding's."""
+    model, _ = zoo_model
+    vocab = model.config.vocab_size
+    rng = random.Random(5)
+    tokens = [rng.randrange(vocab) for _ in range(PROMPT_BLOCK + 190)]
+    whole = CachedLM(model).logits(tokens, 3)
+    stepwise = CachedLM(model)
+    stepwise.logits(tokens[:-3])
+    for j in range(3):
+        assert torch.equal(stepwise.logits(tokens[: len(tokens) - 2 + j])[0], whole[j]), j
+    one_forward = CachedLM(model)
+    one_forward._chain_forward(tokens[:-3], 0, 1)  # the whole prompt in one forward
+    one_forward.tokens = tokens[:-3]
+    assert torch.equal(one_forward.logits(tokens, 3), whole)
+
+
+def test_a_batch_reads_a_long_prompt_in_blocks_and_decodes_it_exactly() -> None:
+    plain = Generator.from_pretrained(ZOO_TARGET, [], policy="fixed:none")
+    spec = Generator.from_pretrained(ZOO_TARGET, ["pld", "suffix"], policy="ucb")
+    long_prompt = "Summarize: " + " ".join(f"the cat number {i} sat on mat {i % 7}." for i in range(70))
+    prompts = [long_prompt, PROMPTS[0]]
+    settings = dict(max_new_tokens=40, ignore_eos=True)
+    assert len(plain.intake.encode(long_prompt)) > PROMPT_BLOCK
+    batched = spec.generate_batch(prompts, batch_size=2, **settings)
+    assert [r.token_ids for r in batched] == [plain.generate(p, **settings).token_ids for p in prompts]
 
 
 def test_native_float32_is_not_row_exact_and_warns(caplog) -> None:

@@ -66,8 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    # a first fetch of a named model: say what and why
-    logging.getLogger("draftwise.models.named_models").setLevel(min(level, logging.INFO))
+    # a first fetch of a named model: say what and why; a long prompt: how far it has been read
+    for name in ("draftwise.models.named_models", "draftwise.models.cached_lm"):
+        logging.getLogger(name).setLevel(min(level, logging.INFO))
     _quiet_dependencies(args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -68,6 +68,7 @@ from draftwise.drafters.pool import DrafterPool, attach_banks
 from draftwise.engine.loop import Engine, Planned, QueryOutcome
 from draftwise.engine.query import QuerySettings, QueryState
 from draftwise.models.batched_lm import BatchedLM, RowLM
+from draftwise.models.cached_lm import prompt_blocks
 from draftwise.policies import Policy, make_policy
 from draftwise.trace import RoundRecord
 from draftwise.verify.coupling import CoupledDraw, DrawJob, NoiseScreen, coupled_draws
@@ -231,9 +232,12 @@ class BatchEngine:
             groups = prefill_groups([len(p) for p in prompts]) if self.share_prefill else \
                 [range(i, i + 1) for i in range(len(run))]
             for group in groups:
-                inputs = [run[i].row.chain_input(prompts[i], 1) for i in group]
                 start = time.perf_counter()
-                self.target.run(inputs)
+                # a long prompt in blocks (its rows exact in any split): memory bounded by a block
+                blocks = prompt_blocks(len(prompts[group[-1]])) if self.target.exact else []
+                for stop in [*blocks, None]:
+                    self.target.run([run[i].row.chain_input(prompts[i][:stop], 1) for i in group
+                                     if stop is None or len(prompts[i]) > stop])
                 seconds = time.perf_counter() - start
                 total = sum(len(prompts[i]) for i in group)
                 for i in group:

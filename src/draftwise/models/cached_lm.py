@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -27,6 +29,8 @@ from draftwise.models.vocab_map import VocabMap, input_ids, output_size, vocab_m
 from draftwise.verify.tree import additive_mask, check_tree, match_path, tree_attention_mask, tree_positions
 
 Method = TypeVar("Method", bound=Callable[..., Any])
+
+log = logging.getLogger(__name__)
 
 
 def all_or_nothing(method: Method) -> Method:
@@ -43,6 +47,34 @@ def all_or_nothing(method: Method) -> Method:
             raise
 
     return guarded  # type: ignore[return-value]
+
+
+PROMPT_BLOCK = 512  # a long prompt's tokens per forward in an exact numerics (rows are exact in any split)
+PROGRESS_AFTER_S = 2.0  # a prompt read for longer than this logs its progress
+
+
+def prompt_blocks(tokens: int) -> list[int]:
+    """Where the forwards over ``tokens`` prompt tokens stop when fed in blocks (PROMPT_BLOCK each),
+    all but the last block, which the caller feeds with the rows it needs logits of: memory stays
+    bounded by a block whatever the prompt's length.
+
+    >>> prompt_blocks(1300), prompt_blocks(512), prompt_blocks(0)
+    ([512, 1024], [], [])
+    """
+    return list(range(PROMPT_BLOCK, tokens, PROMPT_BLOCK))
+
+
+class PrefillProgress:
+    """Logs how far a long prompt has been read, once it has taken more than PROGRESS_AFTER_S."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.start = time.perf_counter()
+
+    def __call__(self, done: int) -> None:
+        seconds = time.perf_counter() - self.start
+        if seconds > PROGRESS_AFTER_S:
+            log.info("read %d of %d prompt tokens (%.0f tokens/s)", done, self.total, done / seconds)
 
 
 class TokenCache(Protocol):
@@ -361,9 +393,18 @@ class CachedLM(HiddenStatesMixin):
         return self._forward(list(new_tokens), n_out)
 
     def _forward(self, fresh: list[int], n_out: int) -> torch.Tensor:
-        mask = {}
-        if self.exact:
-            mask["attention_mask"] = chain_mask(len(self.tokens) - len(fresh), len(fresh), self.device)
+        cached = len(self.tokens) - len(fresh)
+        if not self.exact:  # transformers' own numerics: one forward, as transformers runs it
+            return self._chain_forward(fresh, cached, n_out)
+        done, progress = 0, PrefillProgress(len(fresh))
+        for stop in prompt_blocks(len(fresh) - n_out):
+            self._chain_forward(fresh[done:stop], cached + done, 1)
+            done = stop
+            progress(done)
+        return self._chain_forward(fresh[done:], cached + done, n_out)
+
+    def _chain_forward(self, fresh: list[int], cached: int, n_out: int) -> torch.Tensor:
+        mask = {"attention_mask": chain_mask(cached, len(fresh), self.device)} if self.exact else {}
         out = self.model(input_ids=self._ids(fresh), use_cache=True, logits_to_keep=n_out,
                          **{self.cache_keyword: self.cache}, **self._hidden_request(), **mask)
         self.calls += 1

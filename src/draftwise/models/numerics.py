@@ -12,9 +12,10 @@ Each :class:`Numerics` here makes every row's arithmetic independent of the forw
 - its linear layers multiply rows in a way whose result per row does not depend on the other rows
   (``int4``: a weight-only 4-bit kernel that is row-independent by construction; ``bfloat16``:
   dense products always run on fixed blocks of 16 rows; ``float32``: one row at a time);
-- attention (:func:`exact_attention`) runs each query token on its own, with the query heads that
-  share a key head as the rows of one fixed-size product, over keys padded to a multiple of 64
-  (masked): the sums then follow the same order whatever the forward carried.
+- attention (:func:`exact_attention`) gives each query row a product whose rows are the query heads
+  that share its key head (at least four rows: BLAS kernels take other paths for fewer), over exactly
+  its visible keys rounded up to a multiple of 64: the sums then follow the same order whatever the
+  forward carried, and a long prompt's rows still go through the kernel in blocks of 64 tokens.
 
 Norms, rotary embeddings and the residual stream stay float32, as transformers computes them
 (row-wise already), and so does the KV cache. ``native`` leaves the model as transformers loaded it:
@@ -44,6 +45,7 @@ GROUP = 32  # weights per 4-bit group (a scale and a zero each): GGUF's Q4_1 blo
 OUT_MULTIPLE = 16  # the 4-bit kernel's outputs come in sixteens
 BLOCK_ROWS = 16  # rows per dense bfloat16 product
 KEY_MULTIPLE = 64  # attention's keys are padded to a multiple of this
+MIN_ROWS = 4  # an attention product's rows come in fours: BLAS kernels compute 1–3 rows another way
 ATTENTION = "draftwise_exact"  # the attention implementation's registered name
 
 
@@ -145,15 +147,31 @@ class BlockLinear(nn.Module):
 
 
 # -- attention ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Segment:
+    """Query rows of one batch element that read the same number of keys: one attention product.
+
+    ``keys`` is a row's visible keys rounded up to a multiple of 64: a row always reads exactly that
+    many, whatever else the forward carries (the kernel's sums over its keys follow their number).
+    ``order`` is set when the rows do not each see a prefix of the keys (a draft tree's nodes see
+    their ancestors among their siblings): per row, the key order that puts its visible keys first,
+    where one-token decoding of its path holds them; each such row is then its own product."""
+
+    element: int
+    rows: slice | torch.Tensor
+    keys: int
+    mask: torch.Tensor  # (products, 1, rows per product, keys) additive, every head group's rows alike
+    order: torch.Tensor | None = None  # (rows, keys)
+
+
 class MaskMemo:
-    """The padded mask of the forward in progress and its rows' key orders (:func:`key_orders`): built
-    by its first layer, reused by the others."""
+    """The segments of the forward in progress (:func:`segments`): worked out by its first layer,
+    reused by the others."""
 
     def __init__(self) -> None:
         self.key: tuple[Any, ...] | None = None
         self.source: torch.Tensor | None = None  # held, so its id cannot be reused while memoized
-        self.mask: torch.Tensor | None = None
-        self.orders: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
+        self.segments: list[Segment] = []
 
 
 _memo = MaskMemo()
@@ -163,40 +181,77 @@ def padded_mask(attention_mask: torch.Tensor | None, batch: int, n: int, keys: i
                 device: torch.device) -> torch.Tensor:
     """A (batch, n, padded) additive float32 mask: the given one (bool, or additive over ``keys``),
     else causal for the last ``n`` of ``keys`` positions; the padding keys masked."""
-    key = (id(attention_mask), batch, n, keys, padded)
-    if _memo.key == key and _memo.source is attention_mask and _memo.mask is not None:
-        return _memo.mask
     if attention_mask is None:
-        mask = chain_mask(keys - n, n, device)[0].expand(batch, n, padded)
-    else:
-        given = attention_mask[:, 0, :, :keys]  # one mask for every head
-        blocked = torch.finfo(torch.float32).min
-        if given.dtype == torch.bool:
-            given = torch.zeros(given.shape, device=device).masked_fill_(~given, blocked)
-        mask = pad_mask(given.float().clamp_min(blocked)).expand(batch, n, padded)
-    # a causal mask shows every row a prefix of the keys: no key order to work out (a chain's verification)
-    orders: list[tuple[torch.Tensor, torch.Tensor] | None] | None = [None] * batch if attention_mask is None else None
-    _memo.key, _memo.source, _memo.mask, _memo.orders = key, attention_mask, mask, orders
-    return mask
+        return chain_mask(keys - n, n, device)[0].expand(batch, n, padded)
+    given = attention_mask[:, 0, :, :keys]  # one mask for every head
+    blocked = torch.finfo(torch.float32).min
+    if given.dtype == torch.bool:
+        given = torch.zeros(given.shape, device=device).masked_fill_(~given, blocked)
+    return pad_mask(given.float().clamp_min(blocked)).expand(batch, n, padded)
 
 
-def key_orders(mask: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
-    """:func:`visible_first` of each batch element of a (batch, n, keys) mask, once per forward."""
-    if _memo.mask is mask and _memo.orders is not None:
-        return _memo.orders
-    orders = [visible_first(rows) for rows in mask]
-    if _memo.mask is mask:
-        _memo.orders = orders
-    return orders
+def segments(attention_mask: torch.Tensor | None, batch: int, n: int, keys: int, group: int,
+             device: torch.device) -> list[Segment]:
+    """The forward's attention products (:class:`Segment`), once per forward: every layer reads the same mask."""
+    key = (id(attention_mask), batch, n, keys, group)
+    if _memo.key == key and _memo.source is attention_mask:
+        return _memo.segments
+    mask = padded_mask(attention_mask, batch, n, keys, padded_keys(keys), device)
+    found = [segment for element in range(batch) for segment in element_segments(element, mask[element], group)]
+    _memo.key, _memo.source, _memo.segments = key, attention_mask, found
+    return found
+
+
+def element_segments(element: int, mask: torch.Tensor, group: int) -> list[Segment]:
+    """One batch element's segments from its (n, padded) additive mask: runs of rows that each see
+    a prefix of the keys and read the same padded number of them; then the other rows (a tree's
+    nodes), by the number they read, each over its own keys gathered in order."""
+    blocked = torch.finfo(mask.dtype).min
+    seen = mask > blocked
+    counts = seen.sum(-1)
+    reads = ((counts + KEY_MULTIPLE - 1) // KEY_MULTIPLE).clamp_min(1) * KEY_MULTIPLE
+    first = torch.arange(mask.shape[-1], device=mask.device) < counts[:, None]
+    prefix = (seen == first).all(-1)
+    found, widths, prefixes = [], reads.tolist(), prefix.tolist()
+    start = 0
+    for stop in range(1, len(widths) + 1):
+        if stop < len(widths) and (widths[stop], prefixes[stop]) == (widths[start], prefixes[start]):
+            continue
+        if prefixes[start]:
+            width, count = widths[start], stop - start
+            stacked = mask[start:stop, :width].repeat(group, 1)  # a head group's rows: each head's copy of them
+            spare = product_rows(group, count) - group * count
+            if spare:
+                stacked = torch.cat([stacked, stacked.new_zeros(spare, width)])
+            found.append(Segment(element, slice(start, stop), width, stacked[None, None]))
+        start = stop
+    if not all(prefixes):
+        order = torch.sort((~seen).to(torch.uint8), dim=-1, stable=True).indices
+        ordered = torch.zeros_like(mask).masked_fill_(~first, blocked)
+        for width in reads[~prefix].unique().tolist():
+            rows = torch.nonzero((reads == width) & ~prefix).flatten()
+            row_mask = ordered[rows, None, None, :width].expand(-1, 1, product_rows(group, 1), width)
+            found.append(Segment(element, rows, width, row_mask, order[rows, :width]))
+    return found
+
+
+def product_rows(group: int, count: int) -> int:
+    """Rows of an attention product over ``count`` query tokens: a head group's rows for each, padded
+    to a multiple of MIN_ROWS (BLAS kernels take other paths for fewer rows, and the attention kernel
+    cuts a product's rows into blocks of 32, 64 or 256: no block is then left with fewer)."""
+    return -(-group * count // MIN_ROWS) * MIN_ROWS
 
 
 def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                     **kwargs: Any) -> tuple[torch.Tensor, None]:
     """Scaled dot-product attention whose every query row is computed the same way whatever the
-    forward carries: each query token is its own batch element, its heads that share a key head the
-    rows of one product, and the keys are padded with zeros to a multiple of 64 (masked). Query
-    (B, H, n, d), keys and values (B, H_kv, L, d); returns (B, n, H, d) as transformers expects."""
+    forward carries. A row's product has the heads that share its key head as rows (at least
+    MIN_ROWS, with others beside them or zeros), and reads exactly its visible keys rounded up to a
+    multiple of 64 (the rest masked): the kernel's sums then follow the same order in one-token
+    decoding, in a k-token forward, in a batch and in a long prompt's prefill, on any number of
+    threads (its threads split heads and blocks of rows, never one row's keys). Query (B, H, n, d),
+    keys and values (B, H_kv, L, d); returns (B, n, H, d) as transformers expects."""
     batch, heads, n, dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[2]
     group = heads // kv_heads
@@ -204,56 +259,39 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     if padded != keys:  # a cache without room (transformers' own): copy into padded keys
         pad = (0, 0, 0, padded - keys)
         key, value = F.pad(key, pad), F.pad(value, pad)
-    mask = padded_mask(attention_mask, batch, n, keys, padded, query.device)
     dtype = key.dtype
-    with one_thread():
-        if n == 1:  # one query per row (plain decoding, a batch's plain step): the batch is the fold already
-            q = query.reshape(batch, kv_heads, group, dim).to(dtype)
-            m = mask[:, None, :, :].expand(batch, 1, group, padded).to(dtype)
-            out = F.scaled_dot_product_attention(q, key, value, attn_mask=m, scale=scaling)  # (B, H_kv, group, d)
-            return out.reshape(batch, 1, heads, dim).to(query.dtype), None
-        outputs = []
-        orders = key_orders(mask)
-        for b in range(batch):
-            # (n, H_kv, group, d): query token t's heads of key head g are the rows of one product
-            q = query[b].reshape(kv_heads, group, n, dim).permute(2, 0, 1, 3).to(dtype)
-            seen = orders[b]
-            if seen is None:
-                k = key[b : b + 1].expand(n, -1, -1, -1)
-                v = value[b : b + 1].expand(n, -1, -1, -1)
-                row_mask = mask[b]
-            else:  # each query's own keys, gathered to the front as one-token decoding holds them
-                order, row_mask = seen
-                k, v = key[b][:, order].transpose(0, 1), value[b][:, order].transpose(0, 1)
-            m = row_mask[:, None, None, :].expand(n, 1, group, padded).to(dtype)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scaling)  # (n, H_kv, group, d)
-            outputs.append(out.reshape(n, heads, dim))
-        return torch.stack(outputs).to(query.dtype), None
+    out = query.new_empty(batch, heads, n, dim)
+    with attention_threads():
+        for segment in segments(attention_mask, batch, n, keys, group, query.device):
+            b, width, rows = segment.element, segment.keys, segment.mask.shape[2]
+            mask = segment.mask.to(dtype)
+            if segment.order is None:  # (1, H_kv, group × tokens, d): every head of a key head's group, stacked
+                q = query[b].view(kv_heads, group, n, dim)[:, :, segment.rows].reshape(1, kv_heads, -1, dim)
+                count = q.shape[2]
+                q = q.to(dtype) if rows == count else F.pad(q.to(dtype), (0, 0, 0, rows - count))
+                o = F.scaled_dot_product_attention(q, key[b : b + 1, :, :width], value[b : b + 1, :, :width],
+                                                   attn_mask=mask, scale=scaling)
+                out[b, :, segment.rows] = o[0, :, :count].reshape(heads, -1, dim).to(out.dtype)
+            else:  # a product per row: (rows, H_kv, group, d) over its own keys, gathered to the front
+                tokens = segment.rows
+                q = query[b][:, tokens].view(kv_heads, group, -1, dim).permute(2, 0, 1, 3).to(dtype)
+                q = q if rows == group else F.pad(q, (0, 0, 0, rows - group))
+                k = key[b][:, segment.order].transpose(0, 1)
+                v = value[b][:, segment.order].transpose(0, 1)
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+                out[b][:, tokens] = o[:, :, :group].reshape(-1, heads, dim).transpose(0, 1).to(out.dtype)
+    return out.transpose(1, 2), None
 
 
-def visible_first(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """For an (n, keys) additive mask whose rows do not each see a prefix of the keys (a draft tree's
-    nodes see their ancestors among their siblings): per row the order of the keys that puts the
-    ones it sees first, in their own order, and the mask in that order. A kernel sums a row's keys in
-    an order set by their places, so a node's keys must sit where plain decoding of its path has them.
-    None when every row sees a prefix (chains: nothing to move)."""
-    blocked = torch.finfo(mask.dtype).min
-    seen = mask > blocked
-    counts = seen.sum(-1, keepdim=True)
-    first = torch.arange(mask.shape[-1], device=mask.device) < counts
-    if torch.equal(seen, first):
-        return None
-    order = torch.sort((~seen).to(torch.uint8), dim=-1, stable=True).indices
-    return order, torch.zeros_like(mask).masked_fill_(~first, blocked)
+_threads_split_rows_only: dict[int, bool] = {}
 
 
 @contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """PyTorch's CPU attention kernel splits the keys of a small batch across threads, which changes
-    its sums with the batch (measured with torch 2.13 on 2–8 threads): attention runs on one thread.
-    (≈ 4 µs a switch; the products around it keep every thread.)"""
+def attention_threads() -> Iterator[None]:
+    """Attention on every thread where the kernel's results do not depend on their number
+    (:func:`threads_keep_rows`, asked once per thread count), else on one."""
     threads = torch.get_num_threads()
-    if threads == 1:
+    if threads == 1 or threads_keep_rows(threads):
         yield
         return
     torch.set_num_threads(1)
@@ -261,6 +299,34 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def threads_keep_rows(threads: int, seed: int = 0) -> bool:
+    """Whether attention products give the same bits on ``threads`` threads as on one, for the shapes
+    the engine uses (one-token decoding, a prefill block, a tree's rows, short and long keys). The
+    answer is kept: attention then runs on ``threads`` threads, or on one where it is no."""
+    if threads in _threads_split_rows_only:
+        return _threads_split_rows_only[threads]
+    generator = torch.Generator().manual_seed(seed)
+    before = torch.get_num_threads()
+    same = True
+    blocked = torch.finfo(torch.float32).min
+    for batch, rows, width in ((1, MIN_ROWS, 64), (1, MIN_ROWS, 576), (1, MIN_ROWS, 8192), (4, MIN_ROWS, 1088),
+                               (1, 3 * KEY_MULTIPLE, 640), (1, 3 * KEY_MULTIPLE, 4160)):
+        q = torch.randn(batch, 3, rows, 64, generator=generator)
+        k, v = (torch.randn(batch, 3, width, 64, generator=generator) for _ in range(2))
+        mask = torch.zeros(batch, 1, rows, width)
+        mask[..., width - 40 :] = blocked
+        results = []
+        for count in (1, threads):
+            torch.set_num_threads(count)
+            results.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125))
+        torch.set_num_threads(before)
+        same = same and torch.equal(*results)
+    _threads_split_rows_only[threads] = same
+    if not same:
+        log.info("attention runs on one thread: on %d its results change with the threads", threads)
+    return same
 
 
 def register_attention() -> None:
@@ -332,9 +398,18 @@ def padded_keys(length: int) -> int:
     return -(-length // KEY_MULTIPLE) * KEY_MULTIPLE
 
 
-@functools.lru_cache(maxsize=64)
 def chain_mask(cached: int, new: int, device: torch.device) -> torch.Tensor:
-    """(1, 1, new, padded) additive mask: ``new`` tokens after ``cached`` ones, causal, padding masked."""
+    """(1, 1, new, padded) additive mask: ``new`` tokens after ``cached`` ones, causal, padding masked.
+    A decoding step's or a round's masks are kept; a prompt's, large and seen once, are not."""
+    return _small_chain_mask(cached, new, device) if new <= KEY_MULTIPLE else _chain_mask(cached, new, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _small_chain_mask(cached: int, new: int, device: torch.device) -> torch.Tensor:
+    return _chain_mask(cached, new, device)
+
+
+def _chain_mask(cached: int, new: int, device: torch.device) -> torch.Tensor:
     padded = padded_keys(cached + new)
     positions = torch.arange(cached, cached + new, device=device)
     allowed = torch.arange(padded, device=device)[None, :] <= positions[:, None]
