@@ -47,6 +47,7 @@ BLOCK_ROWS = 16  # rows per dense bfloat16 product
 KEY_MULTIPLE = 64  # attention's keys are padded to a multiple of this
 MIN_ROWS = 4  # an attention product's rows come in fours: BLAS kernels compute 1–3 rows another way
 ATTENTION = "draftwise_exact"  # the attention implementation's registered name
+CHAIN = "draftwise_chain"  # a causal mask's (cached, new), set on it where it is made
 
 
 # -- linear layers ------------------------------------------------------------------------------------
@@ -196,10 +197,39 @@ def segments(attention_mask: torch.Tensor | None, batch: int, n: int, keys: int,
     key = (id(attention_mask), batch, n, keys, group)
     if _memo.key == key and _memo.source is attention_mask:
         return _memo.segments
-    mask = padded_mask(attention_mask, batch, n, keys, padded_keys(keys), device)
-    found = [segment for element in range(batch) for segment in element_segments(element, mask[element], group)]
+    chain: tuple[int, int] | None = getattr(attention_mask, CHAIN, None)
+    if chain is not None and attention_mask is not None:  # a causal mask: its segments follow from its size
+        cached, new = chain
+        found = [segment for element in range(batch)
+                 for segment in chain_segments(element, cached, new, attention_mask[0, 0], group)]
+    else:
+        mask = padded_mask(attention_mask, batch, n, keys, padded_keys(keys), device)
+        found = [segment for element in range(batch) for segment in element_segments(element, mask[element], group)]
     _memo.key, _memo.source, _memo.segments = key, attention_mask, found
     return found
+
+
+def chain_segments(element: int, cached: int, new: int, mask: torch.Tensor, group: int) -> list[Segment]:
+    """The segments of ``new`` tokens after ``cached`` ones, causal (mask (new, padded)): token i sees
+    cached + i + 1 keys, so runs end where that count passes a multiple of 64."""
+    found, start = [], 0
+    while start < new:
+        width = padded_keys(cached + start + 1)
+        stop = min(new, width - cached)
+        found.append(Segment(element, slice(start, stop), width, stacked_rows(mask[start:stop, :width], group)))
+        start = stop
+    return found
+
+
+def stacked_rows(mask: torch.Tensor, group: int) -> torch.Tensor:
+    """The (1, 1, rows, keys) mask of a product over a segment's tokens (mask (tokens, keys)): each
+    head of a group's copy of them, then masked-free zeros rows up to :func:`product_rows`."""
+    count = mask.shape[0]
+    stacked = mask.repeat(group, 1)
+    spare = product_rows(group, count) - group * count
+    if spare:
+        stacked = torch.cat([stacked, stacked.new_zeros(spare, mask.shape[1])])
+    return stacked[None, None]
 
 
 def element_segments(element: int, mask: torch.Tensor, group: int) -> list[Segment]:
@@ -218,12 +248,8 @@ def element_segments(element: int, mask: torch.Tensor, group: int) -> list[Segme
         if stop < len(widths) and (widths[stop], prefixes[stop]) == (widths[start], prefixes[start]):
             continue
         if prefixes[start]:
-            width, count = widths[start], stop - start
-            stacked = mask[start:stop, :width].repeat(group, 1)  # a head group's rows: each head's copy of them
-            spare = product_rows(group, count) - group * count
-            if spare:
-                stacked = torch.cat([stacked, stacked.new_zeros(spare, width)])
-            found.append(Segment(element, slice(start, stop), width, stacked[None, None]))
+            width = widths[start]
+            found.append(Segment(element, slice(start, stop), width, stacked_rows(mask[start:stop, :width], group)))
         start = stop
     if not all(prefixes):
         order = torch.sort((~seen).to(torch.uint8), dim=-1, stable=True).indices
@@ -246,8 +272,8 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                     **kwargs: Any) -> tuple[torch.Tensor, None]:
     """Scaled dot-product attention whose every query row is computed the same way whatever the
-    forward carries. A row's product has the heads that share its key head as rows (at least
-    MIN_ROWS, with others beside them or zeros), and reads exactly its visible keys rounded up to a
+    forward carries. A row's product has the heads that share its key head as rows (in fours, with
+    other tokens' rows beside them or zeros), and reads exactly its visible keys rounded up to a
     multiple of 64 (the rest masked): the kernel's sums then follow the same order in one-token
     decoding, in a k-token forward, in a batch and in a long prompt's prefill, on any number of
     threads (its threads split heads and blocks of rows, never one row's keys). Query (B, H, n, d),
@@ -259,41 +285,70 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     if padded != keys:  # a cache without room (transformers' own): copy into padded keys
         pad = (0, 0, 0, padded - keys)
         key, value = F.pad(key, pad), F.pad(value, pad)
-    dtype = key.dtype
-    out = query.new_empty(batch, heads, n, dim)
-    with attention_threads():
-        for segment in segments(attention_mask, batch, n, keys, group, query.device):
-            b, width, rows = segment.element, segment.keys, segment.mask.shape[2]
-            mask = segment.mask.to(dtype)
-            if segment.order is None:  # (1, H_kv, group × tokens, d): every head of a key head's group, stacked
-                q = query[b].view(kv_heads, group, n, dim)[:, :, segment.rows].reshape(1, kv_heads, -1, dim)
-                count = q.shape[2]
-                q = q.to(dtype) if rows == count else F.pad(q.to(dtype), (0, 0, 0, rows - count))
-                o = F.scaled_dot_product_attention(q, key[b : b + 1, :, :width], value[b : b + 1, :, :width],
-                                                   attn_mask=mask, scale=scaling)
-                out[b, :, segment.rows] = o[0, :, :count].reshape(heads, -1, dim).to(out.dtype)
-            else:  # a product per row: (rows, H_kv, group, d) over its own keys, gathered to the front
-                tokens = segment.rows
-                q = query[b][:, tokens].view(kv_heads, group, -1, dim).permute(2, 0, 1, 3).to(dtype)
-                q = q if rows == group else F.pad(q, (0, 0, 0, rows - group))
-                k = key[b][:, segment.order].transpose(0, 1)
-                v = value[b][:, segment.order].transpose(0, 1)
-                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
-                out[b][:, tokens] = o[:, :, :group].reshape(-1, heads, dim).transpose(0, 1).to(out.dtype)
+    found = segments(attention_mask, batch, n, keys, group, query.device)
+    threads = torch.get_num_threads()
+    with contextlib.nullcontext() if threads == 1 or threads_keep_rows(threads) else one_thread():
+        if batch == 1 and len(found) == 1 and found[0].order is None:  # one-token decoding, most rounds
+            return chain_product(query[0], key, value, found[0], group, scaling).transpose(0, 1)[None], None
+        out = query.new_empty(batch, heads, n, dim)
+        for segment in found:
+            b = segment.element
+            if segment.order is None:
+                out[b, :, segment.rows] = chain_product(query[b], key[b : b + 1], value[b : b + 1], segment, group,
+                                                        scaling)
+            else:
+                out[b][:, segment.rows] = gathered_product(query[b], key[b], value[b], segment, group, scaling)
     return out.transpose(1, 2), None
 
 
-_threads_split_rows_only: dict[int, bool] = {}
+def chain_product(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, segment: Segment, group: int,
+                  scaling: float | None) -> torch.Tensor:
+    """A segment of rows that each see a prefix of the keys, as one product per key head: its rows
+    are each head of the key head's group for each token, stacked (then zeros, to the segment's
+    rows). Query (H, n, d) of one batch element, keys and values (1, H_kv, L, d); returns (H, rows, d)."""
+    heads, n, dim = query.shape
+    kv_heads, width = key.shape[1], segment.keys
+    q = query.view(kv_heads, group, n, dim)
+    if segment.rows != slice(0, n):
+        q = q[:, :, segment.rows]
+    q = q.reshape(1, kv_heads, -1, dim)
+    count, rows = q.shape[2], segment.mask.shape[2]
+    if q.dtype != key.dtype:
+        q = q.to(key.dtype)
+    if rows != count:
+        q = F.pad(q, (0, 0, 0, rows - count))
+    if width != key.shape[2]:
+        key, value = key[:, :, :width], value[:, :, :width]
+    o = F.scaled_dot_product_attention(q, key, value, attn_mask=segment.mask, scale=scaling)
+    o = o[0, :, :count].reshape(heads, -1, dim)
+    return o if o.dtype == query.dtype else o.to(query.dtype)
+
+
+def gathered_product(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, segment: Segment, group: int,
+                     scaling: float | None) -> torch.Tensor:
+    """A segment of rows that do not each see a prefix of the keys (a tree's nodes): a product per
+    row, (rows, H_kv, group, d), over its own keys gathered to the front in order. Query (H, n, d)
+    of one batch element, keys and values (H_kv, L, d); returns (H, rows, d)."""
+    heads, _, dim = query.shape
+    kv_heads = key.shape[0]
+    assert segment.order is not None, "a gathered segment has its rows' key orders"
+    q = query[:, segment.rows].view(kv_heads, group, -1, dim).permute(2, 0, 1, 3).to(key.dtype)
+    rows = segment.mask.shape[2]
+    if rows != group:
+        q = F.pad(q, (0, 0, 0, rows - group))
+    k = key[:, segment.order].transpose(0, 1)
+    v = value[:, segment.order].transpose(0, 1)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=segment.mask, scale=scaling)
+    return o[:, :, :group].reshape(-1, heads, dim).transpose(0, 1).to(query.dtype)
+
+
+_threads_keep_rows: dict[int, bool] = {}
 
 
 @contextlib.contextmanager
-def attention_threads() -> Iterator[None]:
-    """Attention on every thread where the kernel's results do not depend on their number
-    (:func:`threads_keep_rows`, asked once per thread count), else on one."""
+def one_thread() -> Iterator[None]:
+    """PyTorch's threads off for a while (a kernel whose results change with their number)."""
     threads = torch.get_num_threads()
-    if threads == 1 or threads_keep_rows(threads):
-        yield
-        return
     torch.set_num_threads(1)
     try:
         yield
@@ -305,8 +360,8 @@ def threads_keep_rows(threads: int, seed: int = 0) -> bool:
     """Whether attention products give the same bits on ``threads`` threads as on one, for the shapes
     the engine uses (one-token decoding, a prefill block, a tree's rows, short and long keys). The
     answer is kept: attention then runs on ``threads`` threads, or on one where it is no."""
-    if threads in _threads_split_rows_only:
-        return _threads_split_rows_only[threads]
+    if threads in _threads_keep_rows:
+        return _threads_keep_rows[threads]
     generator = torch.Generator().manual_seed(seed)
     before = torch.get_num_threads()
     same = True
@@ -323,7 +378,7 @@ def threads_keep_rows(threads: int, seed: int = 0) -> bool:
             results.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125))
         torch.set_num_threads(before)
         same = same and torch.equal(*results)
-    _threads_split_rows_only[threads] = same
+    _threads_keep_rows[threads] = same
     if not same:
         log.info("attention runs on one thread: on %d its results change with the threads", threads)
     return same
@@ -413,8 +468,9 @@ def _chain_mask(cached: int, new: int, device: torch.device) -> torch.Tensor:
     padded = padded_keys(cached + new)
     positions = torch.arange(cached, cached + new, device=device)
     allowed = torch.arange(padded, device=device)[None, :] <= positions[:, None]
-    mask = torch.zeros((new, padded), device=device)
-    return mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)[None, None]
+    mask = torch.zeros((new, padded), device=device).masked_fill_(~allowed, torch.finfo(torch.float32).min)[None, None]
+    setattr(mask, CHAIN, (cached, new))  # attention reads its segments from these, not from its entries
+    return mask
 
 
 def pad_mask(additive: torch.Tensor) -> torch.Tensor:
