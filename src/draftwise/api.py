@@ -25,6 +25,7 @@ from draftwise.engine.intake import Intake, eos_ids_of, failed
 from draftwise.engine.session import BatchSession, check_batch_size
 from draftwise.errors import DraftwiseError
 from draftwise.models.cached_lm import CachedLM
+from draftwise.models.costs import target_costs
 from draftwise.models.defaults import DEFAULT_TARGET, default_drafters
 from draftwise.models.loading import LoadOptions, context_limit, load_target
 from draftwise.request import Request, check_seed, make_request
@@ -89,8 +90,12 @@ class Generator:
         self.policy_spec = setup.policy.text
         self.policy = make_learner(setup.policy, self.arms, self.drafters, np.random.default_rng(seed))
         self.engine = Engine(self.target, self.drafters, self.arms, self.policy)
-        # What a batched step costs on this target and device: learned once, shared by every batch session
-        self.step_costs = StepCostModel()
+        # What the target's forwards cost on this machine: measured at its first load here, then kept
+        self.costs = target_costs(target)
+        self.engine.costs = self.costs
+        # What a batched step costs on this target and device: from the measured curve, refitted to the
+        # steps every batch session times
+        self.step_costs = StepCostModel(prior=self.costs.step_prior())
         self.intake = Intake(tokenizer, chat, self.target.vocab_size, context_limit(target),
                              eos_ids_of(target, tokenizer), coupled, seed)
         # One query or session call at a time (see the class docstring); reentrant: generate_batch runs a session

@@ -230,7 +230,7 @@ def run_batched(config: Any, sizes: Sequence[int], length_drafter: str = "pld") 
     make_out_folder(out)
     sampled = config.temperature > 0
     seeding = f"batched: one seed a query, {SEED_RULE}" if sampled else "batched, greedy: no seeds drawn"
-    env = environment(config, methods, prompts, None, seeding, bench.drafter_names)
+    env = environment(config, methods, prompts, None, seeding, bench.drafter_names, bench.model)
     env["batch_sizes"] = list(sizes)
     env["length_drafter"] = length_drafter
     (out / "batch-env.json").write_text(json.dumps(env, indent=2, default=str))

@@ -46,6 +46,7 @@ from draftwise.bench.rows import (
     speed,
     with_derived,
 )
+from draftwise.models.costs import target_costs
 from draftwise.models.drafter_bank import resolve_head_dtype
 
 SUMMARY_KEYS = ("speedup", "speedup_mean_of_prompts", "tokens_per_s", "mat", "acceptance_rate",
@@ -337,7 +338,9 @@ def cpu_info() -> dict[str, Any]:
 
 
 def environment(config: Any, methods: Sequence[str], prompts: Sequence[Any], router: dict[str, Any] | None,
-                seed_rule: str, pool: Sequence[str] = ()) -> dict[str, Any]:
+                seed_rule: str, pool: Sequence[str] = (), target: Any = None) -> dict[str, Any]:
+    """What a run's figures depend on; ``target``: the loaded target, whose measured costs on this
+    machine (:mod:`draftwise.models.costs`) the decisions were priced on."""
     domains: dict[str, int] = defaultdict(int)
     for p in prompts:
         domains[p.domain] += 1
@@ -355,4 +358,5 @@ def environment(config: Any, methods: Sequence[str], prompts: Sequence[Any], rou
         "pool": list(pool),
         "prompts": {"count": len(prompts), "by_domain": dict(domains)},
         "router": router,
+        "costs": None if target is None else target_costs(target).summary(),
     }

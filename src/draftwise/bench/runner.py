@@ -412,7 +412,7 @@ def run_bench(config: BenchConfig, bench: Workbench | None = None) -> RunResult:
         if not is_derived(spec):
             build_method(bench, spec)  # bad options, unknown drafters: one clear error now, not in a worker
     ids = encode_prompts(bench, prompts, config.max_new_tokens)
-    env = environment(config, methods, prompts, router_info, SEED_RULE, bench.drafter_names)
+    env = environment(config, methods, prompts, router_info, SEED_RULE, bench.drafter_names, bench.model)
     # Created only now: bad input found above leaves no empty folder behind (and never touches one
     # that already held results).
     make_out_folder(out)

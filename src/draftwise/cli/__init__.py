@@ -20,6 +20,7 @@ from draftwise.errors import DraftwiseError
 # Subcommand modules, in the order `draftwise --help` lists them.
 COMMAND_MODULES = (
     "draftwise.cli.generate",
+    "draftwise.cli.costs",
     "draftwise.cli.serve",
     "draftwise.cli.policies",
     "draftwise.cli.datastore",

@@ -151,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         keys = ("new_tokens", "rounds", "target_calls", "mat", "acceptance_rate", "tokens_per_s", "wall_s", "pulls",
                 "stopped_by", "prompt_tokens_cut")
         out["stats"] = {k: out["stats"][k] for k in keys}
+        out["stats"]["costs"] = gen.costs.summary()  # the machine's prices the decisions weighed
         print(json.dumps(out))
     else:
         print(result.text)

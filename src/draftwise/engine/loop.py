@@ -23,6 +23,7 @@ from draftwise.drafters import Draft, Drafter, StopRule, make_stop_rule
 from draftwise.engine import evaluation
 from draftwise.engine.query import QuerySettings, QueryState, new_query
 from draftwise.engine.white_box import HiddenStateFeed
+from draftwise.models.costs import CostCurve
 from draftwise.models.grad_modes import GradModes, interrupted
 from draftwise.policies import Policy
 from draftwise.trace import RoundRecord
@@ -79,6 +80,7 @@ class Engine:
         self.drafters = list(drafters)
         self.arms = list(arms)
         self.policy = policy
+        self.costs: CostCurve | None = None  # the target's measured costs, refined by the chains it verifies
         self.needs = policy.needs  # what the learner asks of the rounds
         self.prompt_fit = prompt_fit
         # What routing learned across queries (a batch's lanes share their generator's)
@@ -189,7 +191,10 @@ class Engine:
         planned = self.plan(query, self.book.none if calibrate else None, in_context=calibrate)
         start = time.perf_counter()
         logits = self._target_logits(query, planned.draft)
-        record = self.conclude(query, planned, logits, time.perf_counter() - start)
+        forward_s = time.perf_counter() - start
+        if self.costs is not None and query.records and planned.draft.parents is None:  # round 1 reads the prompt
+            self.costs.observe(len(planned.draft.tokens) + 1, forward_s)
+        record = self.conclude(query, planned, logits, forward_s)
         if plain is not None and record.index > 0:  # round 1 also reads the prompt
             plain.observe(record.seconds, record.drafted)
             seconds = plain.seconds()

@@ -15,6 +15,7 @@ import torch
 
 from draftwise.errors import DraftwiseError
 from draftwise.models.cached_lm import CachedLM
+from draftwise.models.costs import fastest_keeping
 from draftwise.models.named_models import (
     COMPLETE,
     check_loaded_weights,
@@ -139,9 +140,12 @@ def load_target(name: str, options: LoadOptions) -> tuple[Any, Any | None, Numer
     """The target model and its tokenizer, computing in the numerics ``options`` ask for (the
     checkpoint's own precision by default)."""
     path = resolve_model_path(name)  # once: a named model may be fetched, a GGUF file converted
-    numerics = resolve_numerics(options.numerics, options.device, checkpoint_precision(path))
+    precision = checkpoint_precision(path)
+    numerics = resolve_numerics(options.numerics, options.device, precision)
     dtype = options.dtype if numerics.linear is None else "float32"  # exact modes build on the float weights
     model, tokenizer = load_causal_lm(name, LoadOptions(options.device, dtype, options.numerics), path)
+    if options.numerics == AUTO and numerics.exact:  # the fastest on this machine that keeps the precision
+        numerics = numerics_named(fastest_keeping(model, precision))
     numerics.apply(model)
     if numerics.exact and not rows_are_independent(model):
         others = ", ".join(n for n in NUMERICS if n != numerics.name)

@@ -3,7 +3,7 @@ command line lists them; :mod:`draftwise.models.numerics` builds them."""
 
 from __future__ import annotations
 
-AUTO = "auto"  # the checkpoint's own precision, computed token-exact (int4 for 4-bit weights), native off the CPU
+AUTO = "auto"  # the fastest exact mode keeping the checkpoint's precision (measured), native off the CPU
 
 # name → what it is and what it guarantees (docs/numerics.md has the costs)
 NUMERICS_MODES: dict[str, str] = {
@@ -15,8 +15,13 @@ NUMERICS_MODES: dict[str, str] = {
               "decoding at near-ties",
 }
 EXACT_MODES = ("int4", "bfloat16", "float32")
+# The exact modes that compute a checkpoint's weights without losing their precision, its own first:
+# ``auto`` takes the fastest of them on the machine (float32 holds 4-bit and bfloat16 weights exactly)
+KEEPING: dict[str, tuple[str, ...]] = {"int4": ("int4", "float32"), "bfloat16": ("bfloat16", "float32"),
+                                       "float32": ("float32",)}
 NUMERICS_CHOICES = (AUTO, *NUMERICS_MODES)
-NUMERICS_HELP = ("how the target computes: auto (default: the checkpoint's own precision, token-exact; int4 for the "
-                 "default target's 4-bit GGUF), int4, bfloat16, float32 (each token-exact on CPU: a k-token forward "
+NUMERICS_HELP = ("how the target computes: auto (default: the fastest token-exact mode on this machine that keeps "
+                 "the checkpoint's precision, measured once; int4 for the default target's 4-bit GGUF), int4, "
+                 "bfloat16, float32 (each token-exact on CPU: a k-token forward "
                  "gives each row the bits of k one-token forwards), or native (as transformers computes, in --dtype, "
                  "on any device; may differ from plain decoding at near-ties); docs/numerics.md")
