@@ -254,6 +254,24 @@ def test_distill_refuses_a_bad_head_schedule_before_any_work(capsys, tmp_path, e
     assert not (tmp_path / "build").exists()
 
 
+@pytest.mark.parametrize("only, name", [("bogus", "'bogus'"), ("code,bogus", "'bogus'"), ("code,", "''")])
+def test_distill_refuses_an_unknown_only_drafter_before_writing_anything(capsys, tmp_path, only, name):
+    log = tmp_path / "distill.log"
+    code, _, err = _run(capsys, "zoo", "distill", "--target", "zoo:target", "--data", str(tmp_path),
+                        "--out", str(tmp_path / "build"), "--log", str(log), "--only", only)
+    _one_clear_error(code, err, f"--only: unknown drafter {name}; valid: generalist, code, math, sql, translation, "
+                     "summarization, qa, eagle (comma-separated)")
+    assert not (tmp_path / "build").exists() and not log.exists()
+
+
+def test_distill_in_the_library_refuses_an_unknown_drafter_before_writing_anything(tmp_path):
+    from draftwise.training.distill import run_distill
+
+    with pytest.raises(DraftwiseError, match="only: unknown drafter 'bogus'; valid: generalist, code,"):
+        run_distill("zoo:target", tmp_path, tmp_path / "build", only=["generalist", "bogus"])
+    assert not (tmp_path / "build").exists()
+
+
 # ----------------------------------------------------------------------------- closed pipes
 
 
