@@ -100,6 +100,35 @@ def test_non_utf8_stdin_and_argument(tiny_models, capsys, monkeypatch):
     _one_clear_error(code, err, "the prompt argument is not UTF-8 text (byte 0xff at offset 4)")
 
 
+@pytest.fixture
+def one_cuda_device(monkeypatch):
+    """A machine whose only accelerator is one CUDA device (whatever this one has)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.mps, "is_available", lambda: False)
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
+
+
+@pytest.mark.parametrize("device, message", [
+    ("meta", "device 'meta' cannot run models; valid: cpu, cuda, cuda:N, mps, xpu (available here: cpu, cuda)"),
+    ("nonsense", "device 'nonsense' cannot run models; valid: cpu, cuda, cuda:N, mps, xpu (available here: cpu, "
+                 "cuda)"),
+    ("cuda:1", "device 'cuda:1' is not available here; valid here: cpu, cuda"),
+    ("mps", "device 'mps' is not available here; valid here: cpu, cuda"),
+])
+def test_generate_refuses_an_unusable_device_before_loading(tiny_models, capsys, monkeypatch, one_cuda_device,
+                                                           device, message):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the target was loaded before the device was checked")
+
+    monkeypatch.setattr("draftwise.api.load_target", no_loading)
+    code, _, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), "--device", device,
+                        "the cat")
+    _one_clear_error(code, err, message)
+
+
 def test_utf8_stdin_still_works(tiny_models, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("the cat — sat\r\n".encode())))
     code, out, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), "--max-new-tokens", "2",

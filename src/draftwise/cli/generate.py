@@ -77,7 +77,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap the prompt in the tokenizer's chat template (default: when it has one)")
     add_sampling_option(p)
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--device", default="cpu", help="where the models run: cpu (default), cuda, cuda:N, mps or xpu")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads, from 1 to the CPUs this process may use (more is refused: extra "
                         "threads only wait for each other); default: torch's choice; 1 is often fastest for small "
