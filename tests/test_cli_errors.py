@@ -301,6 +301,17 @@ def test_distill_in_the_library_refuses_an_unknown_drafter_before_writing_anythi
     assert not (tmp_path / "build").exists()
 
 
+# ----------------------------------------------------------------------------- zoo path
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_zoo_path_refuses_an_empty_name(capsys, name):
+    code, out, err = _run(capsys, "zoo", "path", name)
+    _one_clear_error(code, err, "the model name is empty; valid: smollm2, zoo:NAME (draftwise zoo list) or a .gguf "
+                     "file")
+    assert out == ""
+
+
 # ----------------------------------------------------------------------------- closed pipes
 
 

@@ -112,15 +112,19 @@ def heads_action(args: argparse.Namespace) -> int:
     return 0
 
 
+MODEL_NAMES = f"{', '.join(NAMED_MODELS)}, zoo:NAME (draftwise zoo list) or a .gguf file"  # what `zoo path` takes
+
+
 @action("path")
 def path_action(args: argparse.Namespace) -> int:
     # training and the models load torch and transformers (seconds): only the subcommand that runs them
     from draftwise.models.loading import resolve_model_path
 
+    if not args.name.strip():  # an empty path is the current folder to pathlib: it would pass for a model
+        raise DraftwiseError(f"the model name is empty; valid: {MODEL_NAMES}")
     folder = resolve_model_path(args.name)  # a named model is fetched first when it is not cached
     if not Path(folder).is_dir():
-        raise DraftwiseError(f"no local model {args.name!r}; valid: {', '.join(NAMED_MODELS)}, zoo:NAME "
-                             "(draftwise zoo list) or a .gguf file")
+        raise DraftwiseError(f"no local model {args.name!r}; valid: {MODEL_NAMES}")
     print(folder)
     return 0
 
