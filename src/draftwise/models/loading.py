@@ -25,7 +25,7 @@ from draftwise.models.named_models import (
     one_line,
     resolve_named_model,
 )
-from draftwise.models.numerics import AUTO, NUMERICS, Numerics, numerics_named, resolve_numerics
+from draftwise.models.numerics import AUTO, NUMERICS, Numerics, coarser_than, numerics_named, resolve_numerics
 from draftwise.zoo import resolve_zoo_name
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,8 @@ def load_target(name: str, options: LoadOptions) -> tuple[Any, Any | None, Numer
     """The target model and its tokenizer, computing in the numerics ``options`` ask for (the
     checkpoint's own precision by default)."""
     path = resolve_model_path(name)  # once: a named model may be fetched, a GGUF file converted
-    numerics = resolve_numerics(options.numerics, options.device, checkpoint_precision(path))
+    precision = checkpoint_precision(path)
+    numerics = resolve_numerics(options.numerics, options.device, precision)
     dtype = options.dtype if numerics.linear is None else "float32"  # exact modes build on the float weights
     model, tokenizer = load_causal_lm(name, LoadOptions(options.device, dtype, options.numerics), path)
     numerics.apply(model)
@@ -189,6 +190,12 @@ def load_target(name: str, options: LoadOptions) -> tuple[Any, Any | None, Numer
         raise DraftwiseError(f"numerics {numerics.name!r} does not compute {name!r} token-exact on "
                              f"{torch.get_num_threads()} thread(s) (a layer or attention it cannot rebuild, or a "
                              f"kernel that changes its sums with the threads); valid: {others}, or --threads 1")
+    if coarser_than(numerics, precision):
+        # asked for explicitly (auto keeps the precision): the user should know the answers are not the checkpoint's
+        how, to = ("quantizes", "4 bits") if numerics.name == "int4" else ("rounds", numerics.name)
+        log.warning("numerics %s %s target %s from its published %s weights to %s: answers may differ from the "
+                    "checkpoint's own; numerics %s (or auto) keeps its precision", numerics.name, how, name,
+                    precision, to, precision)
     log.info("target %s computes in numerics %s: %s", name, numerics.name, numerics.summary)
     return model, tokenizer, numerics
 

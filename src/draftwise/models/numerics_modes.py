@@ -14,7 +14,7 @@ NUMERICS_MODES: dict[str, str] = {
     "native": "the model as transformers computes it, in --dtype, on any device; outputs may differ from plain "
               "decoding at near-ties",
 }
-EXACT_MODES = ("int4", "bfloat16", "float32")
+EXACT_MODES = ("int4", "bfloat16", "float32")  # coarsest weights first
 NUMERICS_CHOICES = (AUTO, *NUMERICS_MODES)
 NUMERICS_HELP = ("how the target computes: auto (default: the checkpoint's own precision, token-exact; int4 for the "
                  "default target's 4-bit GGUF), int4, bfloat16, float32 (each token-exact on CPU: a k-token forward "
