@@ -430,6 +430,29 @@ def test_bench_refuses_bad_numbers_before_anything(setup, capsys, tmp_path, extr
     assert not out.exists()
 
 
+@pytest.mark.parametrize("method", ["llama-cpp", "llama-cpp-pld:tokens=4"])
+def test_bench_refuses_a_llama_cpp_method_without_its_extra_before_any_row(setup, capsys, monkeypatch, tmp_path,
+                                                                          method):
+    import sys
+
+    import draftwise.bench.runner
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError: the extra is absent
+    monkeypatch.setattr("draftwise.bench.methods.target_gguf", lambda target: str(tmp_path / "target.gguf"))
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the models were loaded before the methods were checked")
+
+    monkeypatch.setattr(draftwise.bench.runner, "load_workbench", no_loading)
+    out = tmp_path / "out"
+    assert main(["bench", "--out", str(out), "--data", setup["data"], "--target", str(setup["models"]["llama-target"]),
+                 "--drafter", "pld", "--methods", method, "--quiet", "--no-plots", "--max-new-tokens", "4"]) == 2
+    err = capsys.readouterr().err
+    expected = f'method {method} needs llama-cpp-python: pip install -e ".[llama-cpp]" (it builds from source: minutes)'
+    assert expected in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
 def test_bench_device_reaches_the_models_and_a_bad_one_is_one_clear_error(setup, capsys, tmp_path):
     """``--device`` (CUDA users' bench) moves every model there; one the machine lacks is one line."""
     argv = ["bench", "--data", setup["data"], "--target", str(setup["models"]["llama-target"]),

@@ -100,6 +100,35 @@ def test_non_utf8_stdin_and_argument(tiny_models, capsys, monkeypatch):
     _one_clear_error(code, err, "the prompt argument is not UTF-8 text (byte 0xff at offset 4)")
 
 
+@pytest.fixture
+def one_cuda_device(monkeypatch):
+    """A machine whose only accelerator is one CUDA device (whatever this one has)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.mps, "is_available", lambda: False)
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
+
+
+@pytest.mark.parametrize("device, message", [
+    ("meta", "device 'meta' cannot run models; valid: cpu, cuda, cuda:N, mps, xpu (available here: cpu, cuda)"),
+    ("nonsense", "device 'nonsense' cannot run models; valid: cpu, cuda, cuda:N, mps, xpu (available here: cpu, "
+                 "cuda)"),
+    ("cuda:1", "device 'cuda:1' is not available here; valid here: cpu, cuda"),
+    ("mps", "device 'mps' is not available here; valid here: cpu, cuda"),
+])
+def test_generate_refuses_an_unusable_device_before_loading(tiny_models, capsys, monkeypatch, one_cuda_device,
+                                                           device, message):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the target was loaded before the device was checked")
+
+    monkeypatch.setattr("draftwise.api.load_target", no_loading)
+    code, _, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), "--device", device,
+                        "the cat")
+    _one_clear_error(code, err, message)
+
+
 def test_utf8_stdin_still_works(tiny_models, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("the cat — sat\r\n".encode())))
     code, out, err = _run(capsys, "generate", "--target", str(tiny_models["llama-target"]), "--max-new-tokens", "2",
@@ -252,6 +281,35 @@ def test_distill_refuses_a_bad_head_schedule_before_any_work(capsys, tmp_path, e
     code, _, err = _run(capsys, "zoo", "distill", "--out", str(tmp_path / "build"), *extra)
     _one_clear_error(code, err, message)
     assert not (tmp_path / "build").exists()
+
+
+@pytest.mark.parametrize("only, name", [("bogus", "'bogus'"), ("code,bogus", "'bogus'"), ("code,", "''")])
+def test_distill_refuses_an_unknown_only_drafter_before_writing_anything(capsys, tmp_path, only, name):
+    log = tmp_path / "distill.log"
+    code, _, err = _run(capsys, "zoo", "distill", "--target", "zoo:target", "--data", str(tmp_path),
+                        "--out", str(tmp_path / "build"), "--log", str(log), "--only", only)
+    _one_clear_error(code, err, f"--only: unknown drafter {name}; valid: generalist, code, math, sql, translation, "
+                     "summarization, qa, eagle (comma-separated)")
+    assert not (tmp_path / "build").exists() and not log.exists()
+
+
+def test_distill_in_the_library_refuses_an_unknown_drafter_before_writing_anything(tmp_path):
+    from draftwise.training.distill import run_distill
+
+    with pytest.raises(DraftwiseError, match="only: unknown drafter 'bogus'; valid: generalist, code,"):
+        run_distill("zoo:target", tmp_path, tmp_path / "build", only=["generalist", "bogus"])
+    assert not (tmp_path / "build").exists()
+
+
+# ----------------------------------------------------------------------------- zoo path
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_zoo_path_refuses_an_empty_name(capsys, name):
+    code, out, err = _run(capsys, "zoo", "path", name)
+    _one_clear_error(code, err, "the model name is empty; valid: smollm2, zoo:NAME (draftwise zoo list) or a .gguf "
+                     "file")
+    assert out == ""
 
 
 # ----------------------------------------------------------------------------- closed pipes

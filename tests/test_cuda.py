@@ -19,12 +19,12 @@ from draftwise.drafters import build_drafters
 from draftwise.models.loading import LoadOptions, load_causal_lm
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-CUDA = LoadOptions(device="cuda")
 
 
 def _generator(tiny_models, target: str, specs: list[str], policy: str) -> Generator:
-    model, tokenizer = load_causal_lm(str(tiny_models[target]), CUDA)
-    pool = build_drafters([_spec(tiny_models, s) for s in specs], model, tokenizer, CUDA)
+    cuda = LoadOptions(device="cuda")  # made in the test: without a CUDA device, options naming one are refused
+    model, tokenizer = load_causal_lm(str(tiny_models[target]), cuda)
+    pool = build_drafters([_spec(tiny_models, s) for s in specs], model, tokenizer, cuda)
     return Generator(model, tokenizer, pool, policy=policy)
 
 

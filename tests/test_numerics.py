@@ -4,8 +4,10 @@ plain decoding token for token; ``native`` makes no such promise and says so."""
 
 from __future__ import annotations
 
+import json
 import logging
 import random
+import shutil
 
 import pytest
 import torch
@@ -200,6 +202,31 @@ def test_native_float32_is_not_row_exact_and_warns(caplog) -> None:
     assert not numerics.exact
     assert any("near-ties" in r.getMessage() for r in caplog.records)
     assert not rows_are_independent(model, context=150, new=9)  # why the exact modes exist
+
+
+@pytest.mark.parametrize("published, asked, warning", [
+    ("float32", "int4", "numerics int4 quantizes target {t} from its published float32 weights to 4 bits: answers "
+                        "may differ from the checkpoint's own; numerics float32 (or auto) keeps its precision"),
+    ("float32", "bfloat16", "numerics bfloat16 rounds target {t} from its published float32 weights to bfloat16: "
+                            "answers may differ from the checkpoint's own; numerics float32 (or auto) keeps its "
+                            "precision"),
+    ("bfloat16", "int4", "numerics int4 quantizes target {t} from its published bfloat16 weights to 4 bits: answers "
+                         "may differ from the checkpoint's own; numerics bfloat16 (or auto) keeps its precision"),
+    ("float32", "float32", None),
+    ("float32", "auto", None),
+    ("bfloat16", "bfloat16", None),
+    ("bfloat16", "float32", None),
+])
+def test_a_numerics_coarser_than_the_checkpoint_warns_once(tiny_models, tmp_path, caplog, published, asked,
+                                                            warning) -> None:
+    folder = tmp_path / "target"
+    shutil.copytree(tiny_models["llama-target"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "dtype": published}))
+    with caplog.at_level(logging.WARNING, logger="draftwise.models.loading"):
+        load_target(str(folder), LoadOptions(numerics=asked))
+    found = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert found == ([] if warning is None else [warning.format(t=folder)])
 
 
 def test_int4_gets_back_the_codes_of_a_q4_1_weight() -> None:

@@ -257,6 +257,8 @@ def test_datastore_build_command(tiny_models, tiny_tokenizer, tmp_path: Path, ca
     [
         (None, "missing.txt", [], "corpus file '{dir}/missing.txt' does not exist"),
         ('{"text": "the cat"}\n{"text": "the dog"\n', "c.jsonl", [], "line 2: not valid JSON"),
+        ('{"text": "the cat}\n', "c.jsonl", [], "line 1: not valid JSON (Unterminated string starting at column 10); "
+                                                 "a JSONL corpus holds one JSON object per line"),
         ('{"text": "the cat"}\n\n{"prompt": "the dog"}\n', "c.jsonl", [], "line 3: expected a 'text' field"),
         ("\n  \n", "c.txt", [], "holds no documents"),
         ("the cat\n", "c.txt", ["--max-tokens", "0"], "--max-tokens must be ≥ 1"),

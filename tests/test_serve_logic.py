@@ -120,6 +120,8 @@ def test_good_requests_and_neutral_fields_are_accepted():
 
 def test_malformed_json_and_context_overflow():
     assert "not valid JSON" in _error(parse_body, b'{"prompt": ').message
+    message = _error(parse_body, b'{"prompt": "hi').message
+    assert "not valid JSON (Unterminated string starting at line 1, column 12); send a JSON object" in message
     assert "must be a JSON object" in _error(parse_body, b"[1, 2]").message
     error = _error(check_context, 1000, 100, 1024, "max_tokens")
     assert error.code == "context_length_exceeded" and "ask for max_tokens ≤ 24" in error.message
@@ -334,6 +336,33 @@ def test_serve_refuses_a_damaged_state_file_before_loading(tmp_path, capsys, mon
     assert words in err and len(err.strip().splitlines()) == 1, err
     assert main(["serve", "--port", "70000"]) == 2
     assert "--port must lie in [0, 65535]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, words", [
+    ('{"format": "draftwise-learner-state", "st', "not a learner state file (invalid JSON: Unterminated string "
+     "starting at line 1, column 39); pass a file that draftwise serve --state saved, or remove it to start afresh"),
+    ('{"a\x01": 1}', "(invalid JSON: Invalid control character at line 1, column 4); pass a file"),
+    ("not json", "(invalid JSON: Expecting value at line 1, column 1); pass a file"),
+    (None, "is a folder; give a file name such as {path}/state.json"),
+])
+def test_serve_says_plainly_what_is_wrong_with_a_state_path(tmp_path, capsys, monkeypatch, content, words):
+    import draftwise.api
+    from draftwise.cli import main
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the models were loaded before the state file was checked")
+
+    monkeypatch.setattr(draftwise.api.Generator, "from_pretrained", no_loading)
+    path = tmp_path / ("states" if content is None else "state.json")
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_text(content)
+    assert main(["serve", "--state", str(path), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"--state{':' if content is None else ''} {path}" in err, err
+    assert words.format(path=path) in err and len(err.strip().splitlines()) == 1, err
+    assert "at at " not in err and "trace" not in err, err
 
 
 # ----------------------------------------------------------------------------- the app on a fake session

@@ -122,16 +122,20 @@ MethodFactory = Callable[[Workbench, str], Method]
 class MethodKind:
     build: MethodFactory | None  # None: derived from other methods' rows, never run
     summary: str
+    # raises a DraftwiseError naming what to install when the method needs an optional extra that is missing:
+    # called with the spec before any model loads or any row is run
+    requires: Callable[[str], object] | None = None
 
 
 METHODS: Registry[MethodKind] = Registry("bench method")
 
 
-def register_method(name: str, summary: str, derived: bool = False) -> Callable[[MethodFactory], MethodFactory]:
+def register_method(name: str, summary: str, derived: bool = False,
+                    requires: Callable[[str], object] | None = None) -> Callable[[MethodFactory], MethodFactory]:
     """Register a method kind; ``name:ARG`` specs reach the factory with ``ARG``."""
 
     def decorate(factory: MethodFactory) -> MethodFactory:
-        METHODS.register(name)(MethodKind(None if derived else factory, summary))
+        METHODS.register(name)(MethodKind(None if derived else factory, summary, requires))
         return factory
 
     return decorate
@@ -365,6 +369,18 @@ def target_gguf(target: str) -> str:
                          f"model ({', '.join(NAMED_MODELS)}), not {target!r}")
 
 
+def llama_cpp_module(method: str) -> Any:
+    """The ``llama_cpp`` module (llama-cpp-python, an optional extra: only these methods need it), its
+    prompt-lookup drafting loaded; one clear error naming the extra when it is not installed."""
+    try:
+        import llama_cpp
+        import llama_cpp.llama_speculative
+    except ImportError:
+        raise DraftwiseError(f"method {method} needs llama-cpp-python: pip install -e \".[llama-cpp]\" "
+                             "(it builds from source: minutes)") from None
+    return llama_cpp
+
+
 @dataclass
 class LlamaCppMethod:
     """llama.cpp on the target's GGUF file, greedy, fed the same prompt ids; ``lookup`` > 0 drafts that
@@ -377,16 +393,11 @@ class LlamaCppMethod:
     llm: Any = None
 
     def load(self, context: int) -> Any:
-        try:
-            from llama_cpp import Llama  # the optional extra: only these methods need it
-            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-        except ImportError:
-            raise DraftwiseError(f"method {self.name} needs llama-cpp-python: pip install -e \".[llama-cpp]\" "
-                                 "(it builds from source: minutes)") from None
-        draft = LlamaPromptLookupDecoding(num_pred_tokens=self.lookup) if self.lookup else None
+        api = llama_cpp_module(self.name)
+        draft = api.llama_speculative.LlamaPromptLookupDecoding(num_pred_tokens=self.lookup) if self.lookup else None
         threads = torch.get_num_threads()
-        return Llama(model_path=self.gguf, n_ctx=context, n_threads=threads, n_threads_batch=threads,
-                     draft_model=draft, verbose=False, seed=0)
+        return api.Llama(model_path=self.gguf, n_ctx=context, n_threads=threads, n_threads_batch=threads,
+                         draft_model=draft, verbose=False, seed=0)
 
     def run(self, ids: list[int], text: str, seed: int, settings: Request) -> Output:
         if settings.temperature > 0:
@@ -405,12 +416,14 @@ class LlamaCppMethod:
         return Output(new, wall, {"new_tokens": len(new), "stopped_by": stopped}, {})
 
 
-@register_method("llama-cpp", "llama.cpp on the target's GGUF file, greedy (optional extra llama-cpp)")
+@register_method("llama-cpp", "llama.cpp on the target's GGUF file, greedy (optional extra llama-cpp)",
+                 requires=llama_cpp_module)
 def _llama_cpp(bench: Workbench, arg: str) -> Method:
     return LlamaCppMethod("llama-cpp", target_gguf(bench.target), eos_ids(bench.model))
 
 
-@register_method("llama-cpp-pld", "llama.cpp with its prompt-lookup drafting: llama-cpp-pld[:tokens=K] (default 10)")
+@register_method("llama-cpp-pld", "llama.cpp with its prompt-lookup drafting: llama-cpp-pld[:tokens=K] (default 10)",
+                 requires=llama_cpp_module)
 def _llama_cpp_pld(bench: Workbench, arg: str) -> Method:
     _, raw = split_spec(f"llama-cpp-pld:{arg}")
     tokens = typed_options("method llama-cpp-pld", raw, {"tokens": 10}).get("tokens", 10)
@@ -478,9 +491,15 @@ def expand_methods(specs: Sequence[str], drafters: Sequence[str], lm_drafters: S
 
 
 def check_method(spec: str) -> None:
-    """Raise a clear error for a spec no registry knows (before any model is loaded)."""
+    """Raise a clear error for a spec no registry knows, or whose optional extra is not installed (before
+    any model is loaded)."""
     head = method_head(spec)
-    if head in METHODS or is_policy(spec) or spec in GROUPS:
+    if head in METHODS:
+        requires = METHODS.get(head).requires
+        if requires is not None:
+            requires(spec)
+        return
+    if is_policy(spec) or spec in GROUPS:
         return
     raise DraftwiseError(
         f"unknown method {spec!r}; valid: {', '.join(sorted(METHODS))}, a policy or preset "

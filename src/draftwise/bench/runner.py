@@ -398,7 +398,7 @@ def run_bench(config: BenchConfig, bench: Workbench | None = None) -> RunResult:
     """Run (or resume) a benchmark into ``config.out``; returns every row of the current plan."""
     validate(config)
     for spec in config.methods:
-        check_method(spec)  # unknown names fail before any model loads
+        check_method(spec)  # unknown names and missing extras fail before any model loads
     out = Path(config.out)
     check_resume(out, config)
     prompts = resolve_prompts(config)

@@ -80,7 +80,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--numerics", default=AUTO, choices=NUMERICS_CHOICES, help=NUMERICS_HELP)
     p.add_argument("--dtype", default="float32",
                    help="what drafters load in, and the target under --numerics native (default float32)")
-    p.add_argument("--device", default="cpu", help="torch device of every model (default cpu; e.g. cuda)")
+    p.add_argument("--device", default="cpu", help="where every model runs: cpu (default), cuda, cuda:N, mps or xpu")
     p.add_argument("--batch-size", default=None, metavar="B[,B...]",
                    help="batched rounds: run every method over all prompts B at a time (continuous batching) and "
                    "report output tokens/s against ar, batched plain decoding at the same B (methods: ar, hf-ar, "

@@ -77,7 +77,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap the prompt in the tokenizer's chat template (default: when it has one)")
     add_sampling_option(p)
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--device", default="cpu", help="where the models run: cpu (default), cuda, cuda:N, mps or xpu")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads, from 1 to the CPUs this process may use (more is refused: extra "
                         "threads only wait for each other); default: torch's choice; 1 is often fastest for small "
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
                       top_p=args.top_p, seed=args.seed, stop=args.stop or (), ignore_eos=args.ignore_eos,
                       truncate=args.truncate)
     if args.trace:
-        check_output_file(args.trace, "--trace")
+        check_output_file(args.trace, "--trace", "trace.jsonl")
     gen = load_generator(args)
     result = gen.generate(prompt, request)
     if args.json:
@@ -204,15 +204,16 @@ def _argument_text(argument: str) -> str:
         raise DraftwiseError(f"the prompt argument is not UTF-8 text ({detail}); pass the prompt as UTF-8") from None
 
 
-def check_output_file(path: str, option: str) -> None:
-    """A file we will write later: its folder must exist now, and the path must not be a folder."""
+def check_output_file(path: str, option: str, example: str) -> None:
+    """A file we will write later: its folder must exist now, and the path must not be a folder (``example``:
+    a file name for that option, suggested inside a folder given by mistake)."""
     target = Path(path)
     folder = target.parent
     if not folder.is_dir():
         raise DraftwiseError(f"{option}: folder {folder} does not exist; create it or pick a file in an existing "
                              "folder")
     if target.is_dir():
-        raise DraftwiseError(f"{option}: {target} is a folder; give a file name such as {target / 'trace.jsonl'}")
+        raise DraftwiseError(f"{option}: {target} is a folder; give a file name such as {target / example}")
     if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise DraftwiseError(f"{option}: {target} is not writable")
 

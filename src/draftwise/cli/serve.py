@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     policy = args.policy or DEFAULT_POLICY
     saved = None
     if args.state:
-        check_output_file(args.state, "--state")
+        check_output_file(args.state, "--state", "state.json")
         saved = read_state(args.state, policy)  # a damaged file is refused before the models load
     sock = _bind(args.host, args.port)  # before loading: a port in use is a clear error, not a late crash
 

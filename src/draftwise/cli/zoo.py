@@ -112,15 +112,19 @@ def heads_action(args: argparse.Namespace) -> int:
     return 0
 
 
+MODEL_NAMES = f"{', '.join(NAMED_MODELS)}, zoo:NAME (draftwise zoo list) or a .gguf file"  # what `zoo path` takes
+
+
 @action("path")
 def path_action(args: argparse.Namespace) -> int:
     # training and the models load torch and transformers (seconds): only the subcommand that runs them
     from draftwise.models.loading import resolve_model_path
 
+    if not args.name.strip():  # an empty path is the current folder to pathlib: it would pass for a model
+        raise DraftwiseError(f"the model name is empty; valid: {MODEL_NAMES}")
     folder = resolve_model_path(args.name)  # a named model is fetched first when it is not cached
     if not Path(folder).is_dir():
-        raise DraftwiseError(f"no local model {args.name!r}; valid: {', '.join(NAMED_MODELS)}, zoo:NAME "
-                             "(draftwise zoo list) or a .gguf file")
+        raise DraftwiseError(f"no local model {args.name!r}; valid: {MODEL_NAMES}")
     print(folder)
     return 0
 
@@ -141,20 +145,23 @@ def head_recipe(args: argparse.Namespace) -> SignalHeadRecipe:
 @action("distill")
 def distill_action(args: argparse.Namespace) -> int:
     # training and the models load torch and transformers (seconds): only the subcommand that runs them
-    from draftwise.training.distill import run_distill
+    from draftwise.training.distill import check_drafters, run_distill
     from draftwise.training.labels import LabelPlan
 
+    # everything typed is checked before anything is written (the log file, the corpus) or loaded
+    only = check_drafters([name.strip() for name in args.only.split(",")], "--only") if args.only else ()
+    head = head_recipe(args)
+    data = data_dir(args)
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
     add_log_file(args.log)
     plan = LabelPlan(per_domain=args.per_domain, batch_size=args.batch)
-    made = run_distill(args.target, data_dir(args), Path(args.out), plan=plan, head=head_recipe(args),
+    made = run_distill(args.target, data, Path(args.out), plan=plan, head=head,
                        labels=Path(args.labels) if args.labels else None,
                        signal=Path(args.signal) if args.signal else None, signal_tokens=args.signal_tokens,
-                       until=args.until or "",
-                       install=args.install, only=args.only.split(",") if args.only else ())
+                       until=args.until or "", install=args.install, only=only)
     print(f"drafters for {args.target} under {Path(args.out) / 'models'}: {', '.join(made) or 'labels only'}")
     return 0
 

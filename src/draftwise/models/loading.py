@@ -26,7 +26,7 @@ from draftwise.models.named_models import (
     one_line,
     resolve_named_model,
 )
-from draftwise.models.numerics import AUTO, NUMERICS, Numerics, numerics_named, resolve_numerics
+from draftwise.models.numerics import AUTO, NUMERICS, Numerics, coarser_than, numerics_named, resolve_numerics
 from draftwise.zoo import resolve_zoo_name
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ class LoadOptions:
     numerics: str = AUTO  # how the target computes (draftwise.models.numerics)
 
     def __post_init__(self) -> None:
+        check_device(self.device)  # an unusable device fails here, before anything loads
         if self.numerics != AUTO:
             numerics_named(self.numerics)  # a bad name fails here, before anything loads
 
@@ -50,6 +51,46 @@ class LoadOptions:
             return DTYPES[self.dtype]
         except KeyError:
             raise DraftwiseError(f"unknown dtype {self.dtype!r}; valid: {', '.join(DTYPES)}") from None
+
+
+# Where models can run: each has kernels for every model operation and seeds its own torch.Generator
+# (``meta`` holds no data, so generation cannot run there)
+DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+
+
+def check_device(device: str) -> None:
+    """A torch device of :data:`DEVICE_TYPES` that this machine has; one clear error otherwise."""
+    try:
+        parsed: torch.device | None = torch.device(device)
+    except (RuntimeError, TypeError):  # not a device string at all
+        parsed = None
+    if parsed is None or parsed.type not in DEVICE_TYPES:
+        raise DraftwiseError(f"device {device!r} cannot run models; valid: cpu, cuda, cuda:N, mps, xpu "
+                             f"(available here: {', '.join(available_devices())})")
+    if device_count(parsed.type) <= (parsed.index or 0):
+        raise DraftwiseError(f"device {device!r} is not available here; valid here: {', '.join(available_devices())}")
+
+
+def device_count(kind: str) -> int:
+    """How many devices of type ``kind`` torch can use here (the CPU counts as one)."""
+    if kind == "cpu":
+        return 1
+    backend = getattr(torch, kind, None)
+    available = getattr(backend, "is_available", None)
+    if available is None or not available():
+        return 0
+    count = getattr(backend, "device_count", None)
+    return int(count()) if count is not None else 1
+
+
+def available_devices() -> list[str]:
+    """The device strings :func:`check_device` accepts here, as a user would type them."""
+    found = []
+    for kind in DEVICE_TYPES:
+        count = device_count(kind)
+        if count:
+            found.append(kind if count == 1 else f"{kind} ({kind}:0 to {kind}:{count - 1})")
+    return found
 
 
 def resolve_model_path(name: str) -> str:
@@ -152,6 +193,12 @@ def load_target(name: str, options: LoadOptions) -> tuple[Any, Any | None, Numer
         raise DraftwiseError(f"numerics {numerics.name!r} does not compute {name!r} token-exact on "
                              f"{torch.get_num_threads()} thread(s) (a layer or attention it cannot rebuild, or a "
                              f"kernel that changes its sums with the threads); valid: {others}, or --threads 1")
+    if coarser_than(numerics, precision):
+        # asked for explicitly (auto keeps the precision): the user should know the answers are not the checkpoint's
+        how, to = ("quantizes", "4 bits") if numerics.name == "int4" else ("rounds", numerics.name)
+        log.warning("numerics %s %s target %s from its published %s weights to %s: answers may differ from the "
+                    "checkpoint's own; numerics %s (or auto) keeps its precision", numerics.name, how, name,
+                    precision, to, precision)
     log.info("target %s computes in numerics %s: %s", name, numerics.name, numerics.summary)
     return model, tokenizer, numerics
 

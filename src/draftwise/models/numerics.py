@@ -671,10 +671,19 @@ def numerics_named(name: str) -> Numerics:
         raise DraftwiseError(f"unknown numerics {name!r}; valid: {AUTO}, {', '.join(NUMERICS)}") from None
 
 
+def coarser_than(numerics: Numerics, precision: str) -> bool:
+    """Whether ``numerics`` holds the weights in less precision than the checkpoint's published ``precision``
+    (a numerics name: int4, bfloat16 or float32), so that it rounds them and its answers may differ."""
+    if not numerics.exact or precision not in EXACT_MODES:  # native computes in the dtype asked for, as asked
+        return False
+    return EXACT_MODES.index(numerics.name) < EXACT_MODES.index(precision)
+
+
 def resolve_numerics(name: str, device: str, precision: str) -> Numerics:
     """The numerics a setting names; ``auto``: ``native`` off the CPU, else the mode of the
-    checkpoint's own ``precision`` (int4, bfloat16 or float32) — the fastest exact mode that
-    computes the weights as they were published."""
+    checkpoint's own ``precision`` (int4, bfloat16 or float32), which the loader may trade for
+    another that keeps the precision where this machine runs it faster
+    (:func:`draftwise.models.costs.fastest_keeping`)."""
     if name == AUTO:
         name = precision if device.split(":", 1)[0] == "cpu" else "native"
     return numerics_named(name)

@@ -14,7 +14,7 @@ NUMERICS_MODES: dict[str, str] = {
     "native": "the model as transformers computes it, in --dtype, on any device; outputs may differ from plain "
               "decoding at near-ties",
 }
-EXACT_MODES = ("int4", "bfloat16", "float32")
+EXACT_MODES = ("int4", "bfloat16", "float32")  # coarsest weights first
 # The exact modes that compute a checkpoint's weights without losing their precision, its own first:
 # ``auto`` takes the fastest of them on the machine (float32 holds 4-bit and bfloat16 weights exactly)
 KEEPING: dict[str, tuple[str, ...]] = {"int4": ("int4", "float32"), "bfloat16": ("bfloat16", "float32"),

@@ -13,7 +13,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from draftwise.errors import DraftwiseError
+from draftwise.errors import DraftwiseError, json_error_text
 
 CORPUS_FORMATS = ("auto", "text", "jsonl")
 
@@ -80,8 +80,9 @@ def _documents(file: Path, kind: str) -> Iterator[str]:
                 try:
                     yield document_of_record(json.loads(line))
                 except json.JSONDecodeError as exc:
-                    raise DraftwiseError(f"{file}: line {number}: not valid JSON ({exc.msg}); "
-                                         "a JSONL corpus holds one JSON object per line") from None
+                    raise DraftwiseError(f"{file}: line {number}: not valid JSON "
+                                         f"({json_error_text(exc, line=False)}); a JSONL corpus holds one JSON "
+                                         "object per line") from None
                 except ValueError as exc:
                     raise DraftwiseError(f"{file}: line {number}: {exc}") from None
     except UnicodeDecodeError:

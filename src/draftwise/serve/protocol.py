@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from draftwise.errors import json_error_text
 from draftwise.request import SEED_LIMIT
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
@@ -121,8 +122,8 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise bad_request("the request body is not UTF-8 text; send a JSON object") from None
     except json.JSONDecodeError as error:
-        raise bad_request(f"the request body is not valid JSON ({error.msg} at line {error.lineno} column "
-                          f"{error.colno}); send a JSON object such as {{\"model\": ..., \"prompt\": ...}}",
+        raise bad_request(f"the request body is not valid JSON ({json_error_text(error)}); send a JSON object "
+                          "such as {\"model\": ..., \"prompt\": ...}",
                           code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}", code="invalid_json")

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from draftwise.errors import DraftwiseError
+from draftwise.errors import DraftwiseError, json_error_text
 from draftwise.policies import make_policy
 from draftwise.policies.base import learned_attributes
 
@@ -92,8 +92,8 @@ def read_state(path: str | Path, policy_spec: str) -> SavedState | None:
     except (OSError, UnicodeDecodeError) as error:
         raise DraftwiseError(f"{where}: cannot read it ({error}); pass another file or remove it") from None
     except json.JSONDecodeError as error:
-        raise DraftwiseError(f"{where}: not a learner state file (invalid JSON: {error.msg} at line {error.lineno}); "
-                             "remove it to start afresh") from None
+        raise DraftwiseError(f"{where}: not a learner state file (invalid JSON: {json_error_text(error)}); pass a "
+                             "file that draftwise serve --state saved, or remove it to start afresh") from None
     except RecursionError:
         raise DraftwiseError(f"{where}: not a learner state file (nested too deeply); remove it") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:

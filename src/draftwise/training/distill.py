@@ -50,6 +50,7 @@ from draftwise.training.train import ModelShape, TrainConfig, count_params, trai
 from draftwise.zoo.load import MANIFEST, shipped_models_dir
 
 EAGLE = "eagle"  # the white-box head, trained after the LM drafters on the same signal
+DRAFTERS = ("generalist", *SPECIALIST_DOMAINS, EAGLE)  # what a build trains, in order: what ``only`` may name
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,15 @@ def corpus_for(data: Path, out: Path) -> Any:
     return corpus
 
 
+def check_drafters(names: Sequence[str], option: str = "only") -> tuple[str, ...]:
+    """``names`` when each is a drafter a build trains (:data:`DRAFTERS`); one clear error otherwise."""
+    for name in names:
+        if name not in DRAFTERS:
+            raise DraftwiseError(f"{option}: unknown drafter {name!r}; valid: {', '.join(DRAFTERS)} "
+                                 "(comma-separated)")
+    return tuple(names)
+
+
 def run_distill(target_name: str, data: Path, out: Path, *, plan: LabelPlan | None = None,
                 recipe: DrafterRecipe | None = None, head: SignalHeadRecipe | None = None, labels: Path | None = None,
                 signal: Path | None = None, signal_tokens: int = 220_000, until: str = "", install: bool = False,
@@ -175,6 +185,7 @@ def run_distill(target_name: str, data: Path, out: Path, *, plan: LabelPlan | No
     package's zoo), each stage skipped when its output exists: an interrupted build resumes where it
     stopped. ``signal_tokens``: of each domain's train split (every answer is read); ``only`` trains
     just the drafters it names (specialists need the generalist first)."""
+    only = check_drafters(only)  # an unknown name fails before the corpus is written or the target loads
     recipe = recipe or DrafterRecipe()
     plan = plan or LabelPlan()
     head = head or SignalHeadRecipe()
