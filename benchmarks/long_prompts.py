@@ -1,8 +1,9 @@
 """Long prompts: the target's prefill time and peak memory, and its decoding step after them, in
-each numerics. Each (numerics, length) runs in a process of its own (peak memory is per process),
-numerics interleaved within each repeat; medians of the repeats.
+each numerics, and llama.cpp's on the same GGUF file (``llama-cpp``: the optional extra). Each
+(numerics, length) runs in a process of its own (peak memory is per process), numerics interleaved
+within each repeat; medians of the repeats.
 
-    python benchmarks/long_prompts.py                                  # smollm2, int4 and native, 2 threads
+    python benchmarks/long_prompts.py                                  # smollm2: int4, native, llama.cpp; 2 threads
     python benchmarks/long_prompts.py --threads 1 --lengths 2000,8000 --numerics int4,float32,native
 """
 
@@ -19,6 +20,8 @@ import time
 
 def one_run(target: str, numerics: str, length: int, threads: int, steps: int) -> dict[str, float]:
     """In this process: load, prefill ``length`` random tokens, then ``steps`` one-token forwards."""
+    if numerics == "llama-cpp":
+        return llama_cpp_run(target, length, threads, steps)
     import torch
 
     from draftwise.models.cached_lm import CachedLM
@@ -43,10 +46,34 @@ def one_run(target: str, numerics: str, length: int, threads: int, steps: int) -
             "peak_mb": peak_mb, "loaded_mb": loaded_mb}
 
 
+def llama_cpp_run(target: str, length: int, threads: int, steps: int) -> dict[str, float]:
+    """:func:`one_run` for llama.cpp on the target's GGUF file (its own default batch of 512 tokens)."""
+    import llama_cpp
+    import numpy as np
+
+    from draftwise.bench.methods import target_gguf
+
+    llm = llama_cpp.Llama(model_path=target_gguf(target), n_ctx=length + steps + 8, n_threads=threads,
+                          n_threads_batch=threads, verbose=False, seed=0)
+    loaded_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    tokens = np.random.default_rng(length).integers(0, llm.n_vocab(), length + steps).tolist()
+    start = time.perf_counter()
+    llm.eval(tokens[:length])
+    prefill_s = time.perf_counter() - start
+    step_s = []
+    for token in tokens[length:]:
+        start = time.perf_counter()
+        llm.eval([token])
+        step_s.append(time.perf_counter() - start)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"prefill_s": prefill_s, "prefill_tok_s": length / prefill_s, "step_ms": 1000 * statistics.median(step_s),
+            "peak_mb": peak_mb, "loaded_mb": loaded_mb}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="smollm2")
-    parser.add_argument("--numerics", default="int4,native", help="comma-separated")
+    parser.add_argument("--numerics", default="int4,native,llama-cpp", help="comma-separated")
     parser.add_argument("--lengths", default="200,2000,5800,8000", help="prompt tokens, comma-separated")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
