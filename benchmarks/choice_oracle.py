@@ -49,8 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from dev_set import answerable, dev_prompts, dev_set_parser, zoo_target  # benchmarks/dev_set.py
-from length_oracle import cost_of  # a round's measured cost at k tokens, or the nearest longer one's
+from common import answerable, cost_of, dev_prompts, dev_set_parser, zoo_target  # benchmarks/common.py
 from policy_ab import register_rule_policy
 
 from draftwise.models.cached_lm import common_prefix_len

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from dev_set import dev_prompts, dev_set_parser, zoo_target  # benchmarks/dev_set.py
+from common import dev_prompts, dev_set_parser, rotated, zoo_target  # benchmarks/common.py
 
 PER_DOMAIN = 4
 
@@ -94,8 +94,7 @@ def main() -> None:
     speeds: list[list[float]] = [[] for _ in labels]
     for repeat in range(args.repeats):
         outputs: dict[int, list[list[int]]] = {}
-        for k in range(len(labels)):
-            i = (k + repeat) % len(labels)
+        for i in rotated(list(range(len(labels))), repeat):
             wall, outputs[i] = run(labels[i])
             speeds[i].append(sum(len(o) for o in outputs[i]) / wall)
         for i in outputs:  # batching's rounding may move a near-tie (the bench counts those apart)

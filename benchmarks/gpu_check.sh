@@ -4,25 +4,24 @@
 # and copies what it produced to $OUT at once, so a step cut short loses nothing before it.
 # Usage (repo root, on the device): OUT=DIR [ZOO_CORPUS=DIR] [DEVICE=cuda] [STEPS="tests hf16 ..."] \
 #     bash benchmarks/gpu_check.sh
-# Steps (default: all, in this order; each STEP_S=seconds overrides its limit, e.g. SWEEP_S=200):
+# Steps (default: tests hf16 sampled sweepq, in this order; each STEP_S=seconds overrides its limit,
+# e.g. SWEEPQ_S=200):
 #   tests    tests/test_cuda.py
 #   hf16     B = 16: ar against transformers' batched generate, and the default
 #   sampled  B = 8, 32 at temperature 0.7: ar, the default, suffix@8, pld
-#   sweep    B = 1, 4, 16, 32: fixed lengths 1–4, banditspec-length, the default, suffix@8
-#   mixed    mixed-domain B = 8 with the zoo's model drafters
-#   sweepq   B = 32, 16, 4 over 56 prompts (--per-domain 8), 2 repeats: the sweep with passes long enough
-#            to time (the adaptive length vs the best fixed one; the default vs suffix@8)
+#   sweepq   B = 32, 16, 4 over 56 prompts (--per-domain 8), 2 repeats: passes long enough to time
+#            (the adaptive length vs the best fixed one; the default vs suffix@8)
 #   single   one request at a time (no batch), self_instruct (40) and zoo:dev (28): ar, the default, a fixed
 #            LM drafter (generalist@3) and suffix@8, at temperature 0.7 and greedy
 #   queue32  B = 32 over 56 prompts (a queue: rows refilled; its --per-domain 8 overrides the 4), 3 repeats — at 28 prompts a B = 32 pass
 #            takes < 1 s on an H200 and one hiccup doubles it
 # (ZOO_CORPUS: the zoo's dev/test splits, e.g. copied from ~/.cache/draftwise/zoo-corpus/*/ into an
 # ignored folder that the device call carries; DEVICE=cpu tries the script's mechanics here.)
-# On an H200 sweep and mixed took ≈ 2 minutes together (2026-11-26; figures: BENCHMARKS.md, "GPU").
+# Each step backs a table of BENCHMARKS.md ("GPU"; "Batched engine", *Sampled batches*).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/gpu-check}; mkdir -p "$OUT"
-STEPS=${STEPS:-tests hf16 sampled sweep mixed}
+STEPS=${STEPS:-tests hf16 sampled sweepq}
 log() { echo "== $(date +%T) $*"; }
 BENCH=(python3 -m draftwise.cli bench --device "${DEVICE:-cuda}" --per-domain 4 --quiet --no-plots ${ZOO_CORPUS:+--zoo-corpus "$ZOO_CORPUS"})
 bench() {  # NAME LIMIT_S ARGS...: one bench into /tmp/gpu-NAME, its rows copied to $OUT/NAME.*
@@ -44,10 +43,6 @@ bench() {  # NAME LIMIT_S ARGS...: one bench into /tmp/gpu-NAME, its rows copied
       hf16) bench hf16 "${HF16_S:-120}" --batch-size 16 --repeats 2 --methods ar,hf-ar,default ;;
       sampled) bench sampled "${SAMPLED_S:-150}" --batch-size 8,32 --repeats 2 --temperature 0.7 \
                    --methods ar,default,fixed:suffix@8,fixed:pld ;;
-      sweep) bench sweep "${SWEEP_S:-240}" --batch-size 32,16,4,1 --repeats 2 \
-                 --methods ar,length:1,length:2,length:3,length:4,banditspec-length,default,fixed:suffix@8 ;;
-      mixed) bench mixed "${MIXED_S:-150}" --batch-size 8 --repeats 2 \
-                 --methods ar,default,metasd-ucb,fixed:suffix@8,fixed:pld,fixed:generalist ;;
       sweepq) bench sweepq "${SWEEPQ_S:-330}" --per-domain 8 --batch-size 32,16,4 --repeats 2 \
                   --methods ar,length:1,length:2,length:3,length:4,banditspec-length,default,fixed:suffix@8 ;;
       single) for t in 0.7 0; do
@@ -58,7 +53,7 @@ bench() {  # NAME LIMIT_S ARGS...: one bench into /tmp/gpu-NAME, its rows copied
               done ;;
       queue32) bench queue32 "${QUEUE32_S:-200}" --per-domain 8 --batch-size 32 --repeats 3 \
                    --methods ar,length:2,length:4,banditspec-length,default,fixed:suffix@8 ;;
-      *) log "unknown step $step (steps: tests hf16 sampled sweep mixed sweepq queue32 single)" ;;
+      *) log "unknown step $step (steps: tests hf16 sampled sweepq queue32 single)" ;;
     esac
   done
   log done

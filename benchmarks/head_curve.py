@@ -2,7 +2,7 @@
 steps (``TrainConfig.snapshot_every``), against the tokens it had seen.
 
     python benchmarks/head_curve.py --build BUILD --head BUILD/models/eagle --snapshots BUILD/eagle \
-        --out docs/results/NAME/curve.json
+        --out runs/head-curve/curve.json
 
 Acceptance as ``benchmarks/real_zoo.py`` measures it (greedy, draft length 5, the target's own
 greedy answers to the dev prompts, the engine's rounds replayed exactly); ``--start`` adds the head
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from real_zoo import DRAFT_LENGTH, continuations  # benchmarks/real_zoo.py
+from common import DRAFT_LENGTH, dev_answers  # benchmarks/common.py
 
 
 def main() -> None:
@@ -42,23 +42,18 @@ def main() -> None:
     from draftwise.drafters.eagle import EagleHead
     from draftwise.drafters.whitebox import load_head_drafter, read_head_config, save_head
     from draftwise.models.vocab_map import FILE as VOCAB_FILE
-    from draftwise.training.corpus import DOMAINS, read_split
     from draftwise.training.evaluate import RoundStats, head_stats
-    from draftwise.training.labels import chat_prompt_ids
 
     head = Path(args.head)
     meta = json.loads((head / "training.json").read_text())
     train = meta["recipe"]["train"]
     tokens_per_step = int(train["batch"]) * int(train["seq_len"])
     plain = Generator.from_pretrained(args.target, [], policy="fixed:none")
-    target, tokenizer = plain.target.model, plain.tokenizer
+    target = plain.target.model
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    dev = {}
-    for domain in DOMAINS:
-        examples = read_split(Path(args.build) / "corpus" / "dev" / f"{domain}.jsonl")[: args.prompts]
-        prompts = [chat_prompt_ids(tokenizer, e.instruction) for e in examples]
-        dev[domain] = (prompts, continuations(plain, prompts, out.parent / f"continuations-{domain}.json"))
+    dev = {domain: (prompts, conts) for domain, (_, prompts, conts)
+           in dev_answers(plain, args.build, args.prompts, out.parent).items()}
 
     def measure(folder: Path) -> dict:
         drafter = load_head_drafter(str(folder), target)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from dev_set import answerable, dev_prompts, dev_set_parser, zoo_target  # benchmarks/dev_set.py
+from common import answerable, dev_prompts, dev_set_parser, zoo_target  # benchmarks/common.py
 
 THREADS = 1  # the machine's other core stays free for other work
 PER_DOMAIN = 4  # dev prompts per domain

@@ -1,7 +1,7 @@
 """The real target's drafter zoo: greedy acceptance per domain on the dev split, and each drafter's
 cost per drafted token in the engine's loop against the target's cost per token (docs/zoo.md).
 
-    python benchmarks/real_zoo.py --build BUILD --out docs/results/real-zoo-2026-11-27/zoo.json
+    python benchmarks/real_zoo.py --build BUILD --out runs/real-zoo/zoo.json
 
 Acceptance comes from draftwise.training.evaluate (the exact greedy round structure from one
 teacher-forced drafter pass along the target's own greedy answer; draft length 5). Costs come
@@ -20,26 +20,13 @@ import time
 from pathlib import Path
 
 import torch
+from common import ANSWER_TOKENS, DRAFT_LENGTH, dev_answers  # benchmarks/common.py
 
 # defaults, one line each
 PROMPTS = 12  # dev prompts per domain for acceptance
-MAX_NEW = 96  # target tokens per prompt
-DRAFT_LENGTH = 5  # greedy draft length of the acceptance table
 COST_PROMPTS = 3  # dev prompts per drafter for the in-loop cost
 COST_TOKENS = 64
 THREADS = 1
-
-
-def continuations(plain, prompts, cache: Path) -> list[list[int]]:
-    """The target's greedy answers to ``prompts``, kept in ``cache`` with the prompts they answer (a
-    cache of more prompts serves its first ones)."""
-    from draftwise.training.labels import greedy_answers
-
-    if cache.exists() and (kept := json.loads(cache.read_text()))["prompts"][: len(prompts)] == prompts:
-        return kept["answers"][: len(prompts)]
-    out = greedy_answers(plain, prompts, MAX_NEW)
-    cache.write_text(json.dumps({"prompts": prompts, "answers": out}))
-    return out
 
 
 def main() -> None:
@@ -60,9 +47,7 @@ def main() -> None:
     from draftwise import Generator
     from draftwise.drafters import build_drafters
     from draftwise.models.loading import LoadOptions
-    from draftwise.training.corpus import DOMAINS, read_split
     from draftwise.training.evaluate import drafter_stats, head_stats
-    from draftwise.training.labels import chat_prompt_ids
     from draftwise.zoo import zoo_drafter_names, zoo_head_names
 
     names = args.drafter or [f"zoo:{n}" for n in zoo_drafter_names(target=args.target)]
@@ -72,13 +57,11 @@ def main() -> None:
     pool = build_drafters(names, target, tokenizer, LoadOptions())
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    result: dict = {"target": args.target, "drafters": names, "draft_length": DRAFT_LENGTH, "max_new": MAX_NEW,
+    result: dict = {"target": args.target, "drafters": names, "draft_length": DRAFT_LENGTH, "max_new": ANSWER_TOKENS,
                     "prompts_per_domain": args.prompts, "machine": platform.processor() or platform.machine(),
                     "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "acceptance": {}, "cost_ms": {}}
-    dev = {d: read_split(Path(args.build) / "corpus" / "dev" / f"{d}.jsonl")[: args.prompts] for d in DOMAINS}
-    for domain, examples in dev.items():
-        prompts = [chat_prompt_ids(tokenizer, e.instruction) for e in examples]
-        conts = continuations(plain, prompts, out_path.parent / f"continuations-{domain}.json")
+    dev = dev_answers(plain, args.build, args.prompts, out_path.parent)
+    for domain, (_, prompts, conts) in dev.items():
         row = {}
         for drafter in pool:
             stats = (head_stats(drafter, target, prompts, conts, DRAFT_LENGTH) if drafter.reads_target_hidden
@@ -90,7 +73,7 @@ def main() -> None:
     if args.no_cost:
         out_path.write_text(json.dumps(result, indent=2) + "\n")
         return
-    cost_prompts = [e.instruction for d in ("code", "math", "qa") for e in dev[d][:1]][:COST_PROMPTS]
+    cost_prompts = [e.instruction for d in ("code", "math", "qa") for e in dev[d][0][:1]][:COST_PROMPTS]
     verify = []
     for prompt in cost_prompts:
         trace = plain.generate(prompt, max_new_tokens=COST_TOKENS).trace

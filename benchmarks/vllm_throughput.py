@@ -44,6 +44,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/common.py, also when loaded by path
+from common import rotated
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_METHODS = "none,ngram:2,ngram:4,ngram:8,suffix:8,draftwise,draftwise-batch"
 MAX_MODEL_LEN = 1024
@@ -134,16 +137,6 @@ def load_engines(specs: dict[str, tuple[dict | None, str]]) -> dict[str, Any]:
         # registration trips over a module an earlier engine imported: once is enough for all.
         current_platform.register_triton_kernel_overrides = lambda *_, **__: None
     return engines
-
-
-def rotated(methods: list[str], chunk: int) -> list[str]:
-    """The order the methods run a chunk in: rotated by one each chunk, so that no method always goes first.
-
-    >>> rotated(["none", "ngram:4", "draftwise"], 1)
-    ['ngram:4', 'draftwise', 'none']
-    """
-    turn = chunk % len(methods)
-    return methods[turn:] + methods[:turn]
 
 
 def worker(args: argparse.Namespace) -> None:
