@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 # On the zoo dev set window 48 / lookback 16 picked the domain's specialist as often as 64/32 (42 vs
 # 40 of 56) at about the same cost, and shorter windows picked it less often
-# (benchmarks/prompt_fit.py, BENCHMARKS.md).
+# (2026-11-21; docs/design.md, "Routing").
 PROMPT_WINDOW = 48
 PROMPT_LOOKBACK = 16
 # An ended query's answer fit reads its first tokens and needs a few to say anything.

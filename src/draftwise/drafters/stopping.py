@@ -190,7 +190,7 @@ class LineFit:
 class RoundCostFit:
     """A round of n drafted tokens: drafting ``a + b·n`` seconds, verifying ``a + b·n``, each fitted
     online from the arm's measured rounds (n ≥ 1) and starting from a prior worth ``prior`` rounds:
-    the zoo on a 2-core CPU as ``benchmarks/round_costs.py`` measured it on 2026-11-21 (a drafter's
+    the zoo on a 2-core CPU as measured on 2026-11-21 (a drafter's
     first token 0.64 ms and 0.22 ms each further; verifying 2 tokens 4.97 ms, 9 tokens 6.44 ms). Any
     other device or load replaces the prior within tens of rounds."""
 

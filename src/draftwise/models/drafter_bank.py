@@ -14,7 +14,7 @@ The target runs through transformers' model (in an exact numerics with its layer
 The LM head (vocab × hidden: most of a small drafter's weights) is read on every drafted token
 and by every evaluation phase. Where the CPU multiplies bfloat16 natively (AVX512-BF16 / AMX)
 the bank keeps it in bfloat16 — measured 5× faster than float32 for 4 heads on 3 tokens
-(`benchmarks/drafter_forward.py`) — and returns float32 logits; ``head_dtype`` overrides.
+(2026-11-21) — and returns float32 logits; ``head_dtype`` overrides.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ class BuildBudget:
     teacher_top_k: int = 16
     # 660 steps (2.7M tokens seen, ≈ 13 passes over a specialist's 200k labels): at 220 the drafters
     # were undertrained (loss still falling fast); 660 took the code drafter's in-domain MAT on the
-    # dev split from 2.55 to 3.40 (docs/zoo.md, benchmarks/zoo_acceptance.py)
+    # dev split from 2.55 to 3.40 (docs/zoo.md; `draftwise zoo eval` repeats it)
     drafter_train: TrainConfig = TrainConfig(steps=660, batch=16, seq_len=256, lr=3e-3, warmup=50)
     generalist_steps_factor: float = 1.0  # the generalist gets a specialist's compute, spread over every domain
     seed: int = 20261121
