@@ -1,6 +1,6 @@
 """Output tokens/s through vLLM (``LLM.generate``) at several concurrencies, per speculation method.
 
-Run with the vLLM virtualenv (README, "Serving with vLLM"), from the repository root::
+Run with the vLLM virtualenv (docs/vllm.md, "Set up"), from the repository root::
 
     .venv-vllm/bin/python benchmarks/vllm_throughput.py --out runs/vllm_bench.json \\
         --concurrency 1,4,16,32 --prompts 32 --max-tokens 128

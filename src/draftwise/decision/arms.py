@@ -122,7 +122,8 @@ def routed_arm(drafters: Sequence[Drafter], length: int, stop: str | None = None
 def lookup_lengths(draft_len: int) -> tuple[int, ...]:
     """The cascade's lookup lengths: twice the draft length, where verifying many tokens costs little
     more than a few (float32 CPU targets), and just under it, where each verified token costs more
-    (the 4-bit kernel works on rows in fours: 3 drafted tokens cost ≈ 1.35× a plain step, 8 ≈ 2.5×)."""
+    (the 4-bit kernel works on rows in fours: on SmolLM2, 3 drafted tokens cost 1.08–1.21× a plain
+    step and 8 drafted 1.98–2.56×: BENCHMARKS.md, "The machine's cost curve")."""
     return tuple(dict.fromkeys((2 * draft_len, max(draft_len - 1, 1))))
 
 

@@ -25,10 +25,10 @@ from draftwise.policies import PolicySpec, parse_policy
 # tokens/s. Each arm pays where it is cheap: a lookup's match is known before the round, and a model
 # arm is kept only where the machine's measured costs say it pays. The answer's first 16 tokens are a
 # context of their own: lookups rarely match there, and under load what those rounds teach would stop a
-# query drafting for the rest of its answer. On the zoo it ties the best single drafter one request at
-# a time (BENCHMARKS.md; the reasons, measured: docs/design.md, "Policies").
+# query drafting for the rest of its answer. How it does against the best single drafter: docs/policies.md,
+# "How it does"; the reasons, measured: docs/design.md, "Policies".
 DEFAULT_POLICY = "ctx-ucb:opening=16"
-DEFAULT_DRAFT_LEN = 4  # draft tokens per round; verifying 5 tokens costs ≈ 1.6–2× one on CPU
+DEFAULT_DRAFT_LEN = 4  # draft tokens per round; verifying 5 tokens costs 1.4–1.9× one on CPUs (BENCHMARKS.md)
 DEFAULT_LAYOUT = "drafters"
 
 

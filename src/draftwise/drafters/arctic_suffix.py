@@ -13,7 +13,7 @@ Python trie, 0.25 and 0.83 ms on this one (vLLM's own ``suffix`` method: 0.08 an
 
 Not available: coupled drafting (``suffix:coupled=1``), trees (``branches``), a token budget for
 the store (Arctic caches whole responses, ``cached_requests`` of them, oldest evicted first).
-Needs ``pip install arctic-inference`` (README, "Serving with vLLM", says how it builds).
+Needs ``pip install arctic-inference`` (docs/vllm.md, "Set up", says how it builds).
 """
 
 from __future__ import annotations
