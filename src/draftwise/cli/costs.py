@@ -17,7 +17,7 @@ def register(subparsers: Any) -> None:
         description="Show the target's cost curve on this machine: a forward over 1-16 new tokens of one query "
         "(what verifying a draft costs next to a plain step) and a batch's plain step of 1-16 rows. It is measured "
         "at a target's first load on each CPU, thread count and numerics (a few seconds), kept in the draftwise "
-        "home, and refined by the rounds the engine times; speculation's decisions are priced on it.",
+        "home, and refined by the rounds the engine times; a batch's step costs start from it.",
     )
     p.add_argument("--target", default=None, help="target model (default smollm2); as for 'draftwise generate'")
     p.add_argument("--numerics", default=AUTO, choices=NUMERICS_CHOICES, help=NUMERICS_HELP)
