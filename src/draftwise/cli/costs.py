@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
 def format_curve(target: str, summary: dict[str, Any], path: str) -> str:
     key = summary["machine"]
-    isa = " ".join(key["isa"]) or "none of " + "/".join(("avx2", "avx512f"))
+    isa = " ".join(key["isa"]) or "no AVX2 or AVX-512"
     forward, relative, steps = summary["forward_ms"], summary["relative"], summary["batch_step_ms"]
 
     def row(label: str, values: list[str]) -> str:

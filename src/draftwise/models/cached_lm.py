@@ -394,7 +394,8 @@ class CachedLM(HiddenStatesMixin):
 
     def _forward(self, fresh: list[int], n_out: int) -> torch.Tensor:
         cached = len(self.tokens) - len(fresh)
-        if not self.exact:  # transformers' own numerics: one forward, as transformers runs it
+        # one forward: a round, or transformers' own numerics (a long prompt as transformers runs it)
+        if not self.exact or len(fresh) - n_out <= PROMPT_BLOCK:
             return self._chain_forward(fresh, cached, n_out)
         done, progress = 0, PrefillProgress(len(fresh))
         for stop in prompt_blocks(len(fresh) - n_out):

@@ -119,7 +119,7 @@ class CostCurve:
         if tokens < 1 or seconds <= 0:
             return
         point = nearest(self.tokens_s, tokens)
-        ratio = seconds / (interpolate(self.tokens_s, tokens))
+        ratio = seconds / interpolate(self.tokens_s, tokens)
         if 1 / 8 < ratio / self.scale.get(point, 1.0) < 8:
             old = self.scale.get(point, 1.0)
             self.scale[point] = math.exp((1 - REFINE) * math.log(old) + REFINE * math.log(ratio))
@@ -143,8 +143,7 @@ class CostCurve:
                 "batch_step_ms": {b: round(1000 * self.step_s(b), 3) for b in sorted(self.rows_s)}}
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "key": self.key, "tokens_s": self.tokens_s, "rows_s": self.rows_s,
-                "measure_s": self.measure_s}
+        return {"key": self.key, "tokens_s": self.tokens_s, "rows_s": self.rows_s, "measure_s": self.measure_s}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CostCurve:
@@ -185,9 +184,32 @@ def slope(xs: list[int], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / spread if spread else 0.0
 
 
-def curve_path(key: dict[str, Any]) -> Path:
+def curve_path(key: dict[str, Any], kind: str = "") -> Path:
+    """Where what was measured under ``key`` is kept: ``costs/[KIND-]DIGEST.json`` in the draftwise home."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return draftwise_home() / "costs" / f"{digest}.json"
+    return draftwise_home() / "costs" / f"{kind + '-' if kind else ''}{digest}.json"
+
+
+def read_kept(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """What was kept at ``path`` when it was measured under ``key`` (None: nothing kept, another key,
+    or unreadable: measured again)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == FORMAT and data.get("key") == key else None
+
+
+def keep(path: Path, data: dict[str, Any], what: str) -> None:
+    """Written whole or not at all (a temporary file renamed): a reader never sees half of one. A
+    read-only home only warns: what was measured still serves this process."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps({"format": FORMAT, **data}, indent=1))
+        temporary.replace(path)
+    except OSError as error:
+        log.warning("could not keep %s in %s: %s", what, path, error)
 
 
 _loaded: dict[str, CostCurve] = {}  # per key: every Generator of a process on one target shares its curve
@@ -201,36 +223,16 @@ def target_costs(model: Any, measure_again: bool = False, budget_s: float = BUDG
     if not measure_again and text in _loaded:
         return _loaded[text]
     path = curve_path(key)
-    curve = None if measure_again else read_curve(path, key)
+    kept = None if measure_again else read_kept(path, key)
+    curve = None if kept is None else CostCurve.from_json(kept)
     if curve is None:
         curve = measure(model, key, budget_s)
-        write_curve(path, curve)
+        keep(path, curve.to_json(), "the target's measured costs")
         log.info("measured the target's costs on this machine in %.1f s (kept in %s): one token %.1f ms, "
                  "4 new tokens %.2f×, a batch of 8 %.1f ms", curve.measure_s, path, 1000 * curve.forward_s(1),
                  curve.relative(4), 1000 * curve.step_s(8))
     _loaded[text] = curve
     return curve
-
-
-def read_curve(path: Path, key: dict[str, Any]) -> CostCurve | None:
-    try:
-        data = json.loads(path.read_text())
-        if data.get("format") == FORMAT and data.get("key") == key:
-            return CostCurve.from_json(data)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass  # none kept yet, or unreadable: measured again
-    return None
-
-
-def write_curve(path: Path, curve: CostCurve) -> None:
-    """Written whole or not at all (a temporary file renamed): a reader never sees half of one."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(curve.to_json(), indent=1))
-        temporary.replace(path)
-    except OSError as error:  # a read-only home: the curve still serves this process
-        log.warning("could not keep the target's measured costs in %s: %s", path, error)
 
 
 @torch.inference_mode()
@@ -296,23 +298,16 @@ def fastest_keeping(model: Any, precision: str, budget_s: float = 2.0) -> str:
         return candidates[0]
     shapes = linear_shapes(model)
     key = {**machine(), "precision": precision, "shapes": sorted([list(s), n] for s, n in shapes.items())}
-    path = curve_path(key).with_name("modes-" + curve_path(key).name)
-    try:
-        kept = json.loads(path.read_text())
-        if kept.get("key") == key:
-            return str(kept["choice"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
+    path = curve_path(key, "modes")
+    kept = read_kept(path, key)
+    if kept is not None and kept.get("choice") in candidates:
+        return str(kept["choice"])
     seconds = product_seconds(candidates, shapes, budget_s)
     own, fastest = candidates[0], min(seconds, key=seconds.__getitem__)
     choice = own if seconds[own] <= OWN_MODE_MARGIN * seconds[fastest] else fastest
     log.info("numerics auto: %s on this machine (%s)", choice,
              ", ".join(f"{mode} {1000 * s:.1f} ms" for mode, s in seconds.items()))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"key": key, "choice": choice, "seconds": seconds}, indent=1))
-    except OSError as error:
-        log.warning("could not keep the numerics chosen for this machine in %s: %s", path, error)
+    keep(path, {"key": key, "choice": choice, "seconds": seconds}, "the numerics chosen for this machine")
     return choice
 
 

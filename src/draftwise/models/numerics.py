@@ -13,7 +13,7 @@ Each :class:`Numerics` here makes every row's arithmetic independent of the forw
   (``int4``: a weight-only 4-bit kernel that is row-independent by construction; ``bfloat16``:
   dense products always run on fixed blocks of 16 rows; ``float32``: one row at a time);
 - attention (:func:`exact_attention`) gives each query row a product whose rows are the query heads
-  that share its key head (at least four rows: BLAS kernels take other paths for fewer), over exactly
+  that share its key head (rows in fours: BLAS kernels take other paths for 1–3), over exactly
   its visible keys rounded up to a multiple of 64: the sums then follow the same order whatever the
   forward carried, and a long prompt's rows still go through the kernel in blocks of 64 tokens.
 
@@ -222,8 +222,9 @@ def chain_segments(element: int, cached: int, new: int, mask: torch.Tensor, grou
 
 
 def stacked_rows(mask: torch.Tensor, group: int) -> torch.Tensor:
-    """The (1, 1, rows, keys) mask of a product over a segment's tokens (mask (tokens, keys)): each
-    head of a group's copy of them, then masked-free zeros rows up to :func:`product_rows`."""
+    """The (1, 1, rows, keys) mask of a product over a segment's tokens (mask (tokens, keys)): a copy
+    of them for each head of a group, then rows of zeros (padding rows, unmasked) up to
+    :func:`product_rows`."""
     count = mask.shape[0]
     stacked = mask.repeat(group, 1)
     spare = product_rows(group, count) - group * count
@@ -359,7 +360,7 @@ def one_thread() -> Iterator[None]:
 def threads_keep_rows(threads: int, seed: int = 0) -> bool:
     """Whether attention products give the same bits on ``threads`` threads as on one, for the shapes
     the engine uses (one-token decoding, a prefill block, a tree's rows, short and long keys). The
-    answer is kept: attention then runs on ``threads`` threads, or on one where it is no."""
+    answer is kept: attention then runs on ``threads`` threads, or on one where it is not so."""
     if threads in _threads_keep_rows:
         return _threads_keep_rows[threads]
     generator = torch.Generator().manual_seed(seed)
