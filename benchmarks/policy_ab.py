@@ -87,11 +87,14 @@ def main() -> None:
     parser.add_argument("--no-route-memory", action="append", default=[], metavar="LABEL",
                         help="run this config with routing on the prompt alone "
                              "(draftwise.decision.routing.RouteMemory off; repeatable)")
+    parser.add_argument("--unpriced", action="append", default=[], metavar="LABEL",
+                        help="run this config without priced lookup drafts (draftwise.decision.pricing; repeatable)")
     parser.add_argument("--shuffle", type=int, default=None, metavar="SEED",
                         help="run the prompts in a random order (default: grouped by domain, as bench runs them)")
     args = parser.parse_args()
     labels = [item.partition("=")[0] for item in args.config]
-    for option, named in (("--no-screen", args.no_screen), ("--no-route-memory", args.no_route_memory)):
+    for option, named in (("--no-screen", args.no_screen), ("--no-route-memory", args.no_route_memory),
+                          ("--unpriced", args.unpriced)):
         unknown = sorted(set(named) - set(labels))
         if unknown:
             parser.error(f"{option} {', '.join(unknown)}: no such --config label (labels: {', '.join(labels)})")
@@ -112,6 +115,8 @@ def main() -> None:
             generators[label].engine.noise_screen = None
         if label in args.no_route_memory:
             generators[label].engine.routes.weight = 0.0
+        if label in args.unpriced:
+            generators[label].engine.pricing = None
     if args.shuffle is not None:  # learners that keep evidence across queries must not need domain runs
         prompts = [prompts[i] for i in np.random.default_rng(args.shuffle).permutation(len(prompts))]
     ids = [generators["ar"].encode(p.text) for p in prompts]

@@ -41,11 +41,16 @@ class NgramIndex:
 
     def lookup(self, tokens: Sequence[int], min_ngram: int = 1) -> int | None:
         """Start of the continuation of the longest matching suffix n-gram (at least ``min_ngram``), or None."""
+        found = self.match(tokens, min_ngram)
+        return None if found is None else found[0]
+
+    def match(self, tokens: Sequence[int], min_ngram: int = 1) -> tuple[int, int] | None:
+        """:meth:`lookup`'s start and the length of the n-gram matched, or None."""
         self._sync(tokens)
         for n in range(min(self.max_ngram, len(tokens)), min_ngram - 1, -1):
             start = self.tables[n].get(tuple(tokens[-n:]))
             if start is not None:
-                return start
+                return start, n
         return None
 
 
@@ -79,10 +84,11 @@ class PromptLookupDrafter(Drafter):
         self.index.reset()
 
     def propose(self, context: Sequence[int], max_len: int, ctx: DraftContext, stop: Any = None) -> Draft:
-        start = self.index.lookup(context, self.min_ngram) if max_len > 0 else None
-        if start is None:
+        found = self.index.match(context, self.min_ngram) if max_len > 0 else None
+        if found is None:
             return Draft([])
-        return Draft(_cut_at_eos(list(context[start : start + max_len]), ctx.eos_ids))
+        start, matched = found
+        return Draft(_cut_at_eos(list(context[start : start + max_len]), ctx.eos_ids), match=matched)
 
     def first_tokens_along(self, context: Sequence[int], verified: Sequence[int],
                            ctx: DraftContext) -> list[int | None]:

@@ -352,6 +352,7 @@ class Candidate:
     limit: int = 0
     tokens: list[int] = field(default_factory=list)
     score: float = 0.0
+    match: int = 0  # the context's last tokens matched
 
 
 def best_candidate(trie: SuffixTrie, nodes: Sequence[Location], max_len: int, factor: float, min_prob: float,
@@ -371,7 +372,7 @@ def best_candidate(trie: SuffixTrie, nodes: Sequence[Location], max_len: int, fa
             continue
         tokens, score = trie.scored_path(loc, limit, min_prob, noise)
         if score > best.score:
-            best = Candidate(trie, loc, limit, tokens, score)
+            best = Candidate(trie, loc, limit, tokens, score, length)
     return best
 
 
@@ -536,8 +537,8 @@ class SuffixDrafter(Drafter):
         tokens = best.tokens
         for i, token in enumerate(tokens):
             if token in ctx.eos_ids:
-                return Draft(tokens[: i + 1])
-        return Draft(tokens)
+                return Draft(tokens[: i + 1], match=best.match)
+        return Draft(tokens, match=best.match)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "depth": self.depth, "factor": self.factor,

@@ -17,6 +17,7 @@ import torch
 
 from draftwise.decision.arms import Arm
 from draftwise.decision.core import NO_LIMITS, Choice, Limits, QueryDecider, arm_book
+from draftwise.decision.pricing import DraftAcceptance, Key, RoundPrices, draft_key, priced_length
 from draftwise.decision.routing import PromptFit, RouteMemory, learn_route, prompt_prior, route
 from draftwise.decision.step_costs import PlainRounds
 from draftwise.drafters import Draft, Drafter, StopRule, make_stop_rule
@@ -54,6 +55,7 @@ class Planned:
     policy_s: float
     draft_s: float
     noises: list[float] | None = None  # coupled sampling: each point-mass draft token's own noise (the screen's)
+    priced: Key | None = None  # a priced lookup draft: what its acceptance is predicted by
 
     @property
     def arm(self) -> int:
@@ -100,6 +102,10 @@ class Engine:
         # Coupled sampling: cut a lookup's draft where its own noise says it would be rejected
         # (draftwise.verify.coupling.NoiseScreen; None turns it off). Speed only: the noise decides the text.
         self.noise_screen: NoiseScreen | None = NoiseScreen()
+        # A lookup's draft cut to the length that pays most at this machine's prices, from its tokens'
+        # predicted acceptance (draftwise.decision.pricing; None turns it off). Needs ``costs``.
+        self.pricing: DraftAcceptance | None = DraftAcceptance() if self.needs.priced else None
+        self.prices: RoundPrices | None = None  # what whole rounds cost here, from ``costs`` and measured rounds
 
     # -- a query ------------------------------------------------------------------------------------
     def start(self, prompt: Sequence[int], settings: QuerySettings, generator: torch.Generator | None,
@@ -195,6 +201,8 @@ class Engine:
         if self.costs is not None and query.records and planned.draft.parents is None:  # round 1 reads the prompt
             self.costs.observe(len(planned.draft.tokens) + 1, forward_s)
         record = self.conclude(query, planned, logits, forward_s)
+        if self.prices is not None and record.index > 0 and (planned.priced is not None or not record.drafted):
+            self.prices.observe(record.drafted, record.seconds)
         if plain is not None and record.index > 0:  # round 1 also reads the prompt
             plain.observe(record.seconds, record.drafted)
             seconds = plain.seconds()
@@ -219,7 +227,10 @@ class Engine:
         t1 = time.perf_counter()
         draft, budget = self._draft(query, choice.arm, limits, proposed)
         draft, noises = self._screen(query, draft)
-        return Planned(choice, draft, budget, t1 - t0 - lookup_s, time.perf_counter() - t1 + lookup_s, noises)
+        priced = self._price_key(query, choice.arm, draft) if limits is NO_LIMITS else None
+        if priced is not None:
+            draft, noises = self._price(draft, noises, priced)
+        return Planned(choice, draft, budget, t1 - t0 - lookup_s, time.perf_counter() - t1 + lookup_s, noises, priced)
 
     def target_input(self, query: QueryState, draft: Draft) -> Any:
         """The round's forward for a batched target row (:class:`~draftwise.models.batched_lm.RowLM`)."""
@@ -238,6 +249,8 @@ class Engine:
         verified = self._judge(query, draft, logits, choices) if draw is None else _drawn(draft, logits, draw)
         if planned.noises is not None and self.noise_screen is not None:
             self.noise_screen.observe(planned.noises, verified.verdict.accepted)
+        if planned.priced is not None and self.pricing is not None:
+            self.pricing.observe(planned.priced, len(draft.tokens), verified.verdict.accepted)
         before = len(query.context)
         new = self._accept(query, arm_index, draft, verified)
         record = RoundRecord(
@@ -319,7 +332,8 @@ class Engine:
         if draft.parents is not None:  # a tree: its depth (the accepted length) is what the budget bounds
             return fit_tree(draft, budget), budget
         if len(draft.tokens) > budget:  # a drafter must not exceed its budget; trim defensively
-            draft = Draft(draft.tokens[:budget], None if draft.probs is None else draft.probs[:budget])
+            probs = None if draft.probs is None else draft.probs[:budget]
+            draft = replace(draft, tokens=draft.tokens[:budget], probs=probs)
         return draft, budget
 
     def _plain_draft(self, query: QueryState, drafter: int, budget: int,
@@ -339,7 +353,27 @@ class Engine:
             return draft, None
         noises = noise.values(len(query.context), draft.tokens)
         keep = self.noise_screen.cut(noises)
-        return (draft if keep == len(draft.tokens) else Draft(draft.tokens[:keep])), noises[:keep]
+        return (draft if keep == len(draft.tokens) else replace(draft, tokens=draft.tokens[:keep])), noises[:keep]
+
+    def _price_key(self, query: QueryState, arm_index: int, draft: Draft) -> Key | None:
+        """What a lookup's chain draft's acceptance is predicted by (None: not a priced draft — a
+        model's, a tree, an empty one, or pricing off)."""
+        if self.pricing is None or self.costs is None or not draft.tokens or draft.parents is not None \
+                or draft.probs is not None or arm_index in self.book.models or self.arms[arm_index].stop:
+            return None
+        return draft_key(arm_index, len(draft.tokens), draft.match, query.generated, query.settings.sampling.greedy)
+
+    def _price(self, draft: Draft, noises: list[float] | None, key: Key) -> tuple[Draft, list[float] | None]:
+        """2c. cut a lookup's draft to the length with the most expected tokens per second
+        (:func:`~draftwise.decision.pricing.priced_length`): its tokens' predicted acceptance against
+        what a whole round verifying them costs here (:class:`~draftwise.decision.pricing.RoundPrices`)."""
+        assert self.pricing is not None and self.costs is not None
+        if self.prices is None:
+            self.prices = RoundPrices(self.costs.forward_s)
+        keep = priced_length(self.pricing.survival(key, len(draft.tokens)), self.prices.cost)
+        if keep == len(draft.tokens):
+            return draft, noises
+        return replace(draft, tokens=draft.tokens[:keep]), None if noises is None else noises[:keep]
 
     def _judge(self, query: QueryState, draft: Draft, logits: torch.Tensor,
                choices: list[int] | None = None) -> Verified:

@@ -48,6 +48,7 @@ class PolicyNeeds:
     prompt_prior: float = 0.0  # > 0: warm-started from how well each drafter predicts the prompt
     supports_prior: bool = False  # takes a warm-start prior
     reward: str = "bd"  # the feedback signal its reward comes from
+    priced: bool = True  # its lookup drafts are cut to the length that pays (draftwise.decision.pricing)
 
 
 class Policy(ABC):
@@ -65,6 +66,9 @@ class Policy(ABC):
     # Contextual learners: names of drafters whose having a proposal this round is the context
     # (the engine asks them before each ``select`` and calls ``set_context``).
     context_on: tuple[str, ...] = ()
+    # Its lookups' drafts are cut to the length that pays at the machine's prices
+    # (draftwise.decision.pricing): every learner's, not a fixed configuration's, which must stay fixed.
+    priced: ClassVar[bool] = True
     # What a saved learner state holds (``draftwise serve --state``): the evidence each class adds, joined
     # along its bases (:func:`learned_attributes`). Configuration comes from the spec, per-query state
     # starts afresh and caches are rebuilt, so none of them is saved.
@@ -114,7 +118,7 @@ class Policy(ABC):
         """What this learner asks of the rounds (:class:`PolicyNeeds`)."""
         return PolicyNeeds(full_information=self.full_information, hears_plain=self.hears_plain,
                            context_on=tuple(self.context_on), keep=self.keep, prompt_prior=self.prompt_prior,
-                           supports_prior=self.supports_prior, reward=self.reward)
+                           supports_prior=self.supports_prior, reward=self.reward, priced=self.priced)
 
     def begin_query(self, rng: np.random.Generator | None = None) -> None:
         """Called before each query: reset (default), or keep the state shrunk by ``decay``. ``rng``: the

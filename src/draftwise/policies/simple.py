@@ -16,6 +16,7 @@ class FixedPolicy(Policy):
     """Always play one arm (``fixed:<arm name or index>``)."""
 
     summary = "always the same arm: fixed:<arm>"
+    priced = False  # a fixed configuration drafts as configured
 
     def __init__(self, arms: Sequence[str], rng: np.random.Generator, *, arm: str = "0", reward: str = "bd") -> None:
         self.choice = _resolve_arm(arm, list(arms))

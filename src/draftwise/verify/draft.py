@@ -21,6 +21,7 @@ class Draft:
     tokens: list[int]
     probs: torch.Tensor | None = None  # (len(tokens), V) warped proposal distribution; None = point mass
     parents: list[int] | None = None  # None = a chain
+    match: int = 0  # a lookup's: how many of the context's last tokens it matched (0: not a lookup's)
 
 
 

@@ -1,0 +1,93 @@
+"""Priced lookup drafts: each token's acceptance predicted before the round and learned from the
+verdicts, each draft cut to the length that pays at the machine's prices, the output unchanged."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+import draftwise.decision.pricing as pricing
+import draftwise.models.costs as costs
+from draftwise import Generator
+from draftwise.decision.pricing import DraftAcceptance, RoundPrices, draft_key, expected_tokens, priced_length
+from draftwise.models.costs import CostCurve
+
+# one machine's measured round costs, in plain rounds, by tokens verified: the 4-bit kernel's jump at 5
+STEPPED = {1: 1.0, 2: 1.13, 3: 1.19, 4: 1.29, 5: 1.75, 6: 1.81, 7: 1.88, 8: 1.96, 9: 2.42}.__getitem__
+
+
+def test_docstring_examples_of_pricing() -> None:
+    result = doctest.testmod(pricing)
+    assert result.failed == 0 and result.attempted > 0
+
+
+def test_the_length_is_read_off_the_curve_not_its_slope() -> None:
+    """Past the curve's jumps a draft must keep nearly all of its tokens to pay: 3 tokens at 0.8,
+    7 when nearly every one is accepted (the eighth costs a jump of its own); where the first token
+    is a guess, none."""
+    assert priced_length([0.8] * 8, STEPPED) == 3
+    assert priced_length([0.98] * 8, STEPPED) == 7
+    assert priced_length([0.1] * 8, STEPPED) == 0
+    flat = lambda n: 1.0 + 0.01 * (n - 1)  # verification nearly free: a GPU's curve
+    assert priced_length([0.7] * 8, flat) == 8
+    for survival in ([0.8] * 8, [0.9, 0.5, 0.99, 0.99, 0.2, 0.9, 0.9, 0.9]):
+        best = max(range(9), key=lambda n: expected_tokens(survival, n) / STEPPED(n + 1))
+        assert priced_length(survival, STEPPED, min_gain=0.0) == best  # the exact argmax
+
+
+def test_acceptance_is_learned_per_key_and_position() -> None:
+    book = DraftAcceptance()
+    long_match, guess = draft_key(0, 8, 12, 40, True), draft_key(0, 8, 2, 40, True)
+    assert long_match != guess and draft_key(0, 8, 12, 3, True) != long_match  # the opening apart
+    for _ in range(200):
+        book.observe(long_match, drafted=8, accepted=8)
+        book.observe(guess, drafted=8, accepted=1)  # the second token always fails
+    sure, unsure = book.survival(long_match, 8), book.survival(guess, 8)
+    assert min(sure) > 0.95 and unsure[0] > 0.95 and unsure[1] < 0.05
+    assert unsure[2] == pytest.approx(pricing.PRIOR, abs=0.2)  # never reached: still the prior's
+    assert priced_length(sure, STEPPED) == 7 and priced_length(unsure, STEPPED) == 1
+
+
+def test_round_prices_follow_the_measured_rounds() -> None:
+    prices = RoundPrices(lambda n: 0.010 + 0.001 * (n - 1))
+    for _ in range(400):
+        prices.observe(0, 0.010)
+        prices.observe(8, 0.030)  # measured rounds of 8 drafted tokens cost 5/3 of their forward
+    assert prices.cost(9) == pytest.approx(3.0, rel=0.02)
+    assert prices.cost(7) == pytest.approx(0.016 * 5 / 3 / 0.010, rel=0.02)  # priced as the nearest measured
+    prices.observe(8, 3.0)  # a stall is no cost
+    assert prices.cost(9) == pytest.approx(3.0, rel=0.02)
+
+
+@pytest.fixture()
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path))
+    monkeypatch.setattr(costs, "_loaded", {})
+    return tmp_path
+
+
+REPEATING = "def fib(n): return fib(n - 1) + fib(n - 2)  # def fib(n): return fib(n - 1) + fib(n - 2)  # def"
+
+
+def run(gen: Generator, seconds_per_token: float) -> tuple[list[int], int]:
+    """Generate at a curve where each verified token beyond the first costs ``seconds_per_token``
+    (of a 10 ms plain forward); the tokens and the draft tokens verified."""
+    tokens = {k: 0.010 + seconds_per_token * (k - 1) for k in (1, 2, 4, 8, 16)}
+    gen.engine.costs = CostCurve({}, tokens, {1: 0.010, 16: 0.100})
+    gen.engine.prices = None
+    out = gen.generate(REPEATING, max_new_tokens=96, ignore_eos=True)
+    return out.token_ids, sum(r.drafted for r in out.trace)
+
+
+def test_drafts_are_cut_where_verifying_them_costs_more_than_they_keep(home) -> None:
+    plain = Generator.from_pretrained("zoo:target", [], policy="fixed", numerics="float32")
+    reference = plain.generate(REPEATING, max_new_tokens=96, ignore_eos=True).token_ids
+    gen = Generator.from_pretrained("zoo:target", ["pld"], policy="ctx-ucb", arms="pld@8,none", numerics="float32")
+    cheap_tokens, cheap_drafted = run(gen, 0.0001)
+    dear_tokens, dear_drafted = run(gen, 0.020)  # each drafted token costs two plain steps
+    assert cheap_tokens == dear_tokens == reference  # lossless either way
+    assert dear_drafted < cheap_drafted / 2
+    fixed = Generator.from_pretrained("zoo:target", ["pld"], policy="fixed:pld@8", arms="pld@8,none",
+                                      numerics="float32")
+    assert fixed.engine.pricing is None  # a fixed configuration drafts as configured
