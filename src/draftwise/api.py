@@ -221,7 +221,8 @@ class Generator:
         try:
             engine = BatchEngine(self.model, self.drafters, self.arms, self.policy, decide=decide,
                                  fast_drafters=self.fast_drafters, head_dtype=self.drafter_head_dtype,
-                                 costs=self.step_costs, routes=self.engine.routes)
+                                 costs=self.step_costs, routes=self.engine.routes, curve=self.costs,
+                                 acceptance=self.engine.pricing)
         except ValueError as error:
             raise DraftwiseError(str(error)) from None
         return BatchSession(engine, self.intake, self.lock, max_batch)

@@ -105,13 +105,14 @@ class RoundPrices:
     costs more than its forward: on one machine 1.06× a plain round by the curve but 1.13× measured
     for one drafted token, and 2.08× against 2.42× for eight."""
 
-    def __init__(self, forward_s: Callable[[int], float], weight: float = ROUND_WEIGHT) -> None:
-        self.forward_s, self.weight = forward_s, weight
+    def __init__(self, forward_s: Callable[[int], float], weight: float = ROUND_WEIGHT,
+                 longest: int = LONGEST) -> None:
+        self.forward_s, self.weight, self.longest = forward_s, weight, longest
         self.scale: dict[int, float] = {}
 
     def seconds(self, drafted: int) -> float:
         """A round drafting ``drafted`` tokens."""
-        d = min(drafted, LONGEST)
+        d = min(drafted, self.longest)
         known = min(self.scale, key=lambda n: (abs(n - d), n), default=None)
         return self.forward_s(drafted + 1) * (self.scale[known] if known is not None else 1.0)
 
@@ -127,7 +128,7 @@ class RoundPrices:
 
     def observe(self, drafted: int, seconds: float) -> None:
         """One measured round (a round far off its price is a stall, not a cost, and is left out)."""
-        d = min(drafted, LONGEST)
+        d = min(drafted, self.longest)
         ratio = seconds / self.forward_s(drafted + 1)
         old = self.scale.get(d)
         if old is None:
@@ -149,6 +150,50 @@ def expected_tokens(survival: Sequence[float], length: int) -> float:
         alive *= p
         total += alive
     return total
+
+
+def admitted(survivals: Sequence[Sequence[float]], seconds: Callable[[int], float],
+             min_gain: float = MIN_GAIN) -> list[int]:
+    """A batch's draft slots admitted to its forward: how many of each row's draft tokens to verify.
+
+    Every row verifies its own next token anyway; each draft token is one more row of the forward
+    (the products run on the tokens alone, :mod:`draftwise.models.batched_lm`). A slot is worth the
+    probability that its token is accepted (its row's conditional acceptances multiplied up to it),
+    so slots are taken best first — a row's own in order, as its worth only falls along it — and
+    the batch admits the number of them with the most expected tokens per second of ``seconds(n)``
+    (a forward over n tokens, rows included); none unless that promises ``min_gain`` × the rows
+    alone. The best count, not the first that stops paying: a CPU's products work on rows in
+    blocks, so a slot can cost a jump that the next few fill.
+
+    >>> step = lambda n: 0.010 + 0.004 * ((n + 3) // 4)  # rows in blocks of four
+    >>> admitted([[0.9, 0.9], [0.2, 0.2]], step)  # two rows: one block holds both rows and two slots
+    [2, 0]
+    >>> admitted([[0.95, 0.95, 0.95], [0.3, 0.3], [0.9]], step)  # a second block paid, its last slots are free
+    [3, 1, 1]
+    >>> admitted([[0.95] * 4] + [[]] * 7, step)  # a full batch of 8: a whole block for 3.5 tokens
+    [4, 0, 0, 0, 0, 0, 0, 0]
+    >>> admitted([[0.6] * 2] + [[]] * 7, step)  # … but not for 1
+    [0, 0, 0, 0, 0, 0, 0, 0]
+    """
+    rows = len(survivals)
+    slots = []
+    for row, survival in enumerate(survivals):
+        alive = 1.0
+        for k, p in enumerate(survival):
+            alive *= p
+            slots.append((-alive, row, k))
+    slots.sort()
+    base = rows / seconds(rows)
+    tokens, best, best_rate = float(rows), 0, base * min_gain
+    for count, (worth, _, _) in enumerate(slots, start=1):
+        tokens -= worth
+        rate = tokens / seconds(rows + count)
+        if rate > best_rate:
+            best, best_rate = count, rate
+    keep = [0] * rows
+    for _, row, _ in slots[:best]:
+        keep[row] += 1
+    return keep
 
 
 def priced_length(survival: Sequence[float], cost: Callable[[int], float], min_gain: float = MIN_GAIN) -> int:

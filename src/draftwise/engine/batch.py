@@ -54,6 +54,7 @@ import torch
 
 from draftwise.decision.arms import Arm
 from draftwise.decision.core import NO_LIMITS, Limits, LoadLearners, arm_book, copy_learner, load_limits, warm_start
+from draftwise.decision.pricing import DraftAcceptance, Key, RoundPrices, admitted, draft_key
 from draftwise.decision.routing import PromptFit, RouteMemory
 from draftwise.decision.step_costs import (
     MODEL_COST_KNOWN,
@@ -69,6 +70,7 @@ from draftwise.engine.loop import Engine, Planned, QueryOutcome
 from draftwise.engine.query import QuerySettings, QueryState
 from draftwise.models.batched_lm import BatchedLM, RowLM
 from draftwise.models.cached_lm import prompt_blocks
+from draftwise.models.costs import CostCurve
 from draftwise.policies import Policy, make_policy
 from draftwise.trace import RoundRecord
 from draftwise.verify.coupling import CoupledDraw, DrawJob, NoiseScreen, coupled_draws
@@ -121,7 +123,8 @@ class BatchEngine:
                  decide: str = "query", fast_drafters: bool = True, head_dtype: str | None = None,
                  prompt_fit: PromptFit = PromptFit(), credit_plain: bool = True,
                  cap_acceptance: float = 0.9, cut_width: bool = True, costs: StepCostModel | None = None,
-                 routes: RouteMemory | None = None) -> None:
+                 routes: RouteMemory | None = None, curve: CostCurve | None = None,
+                 acceptance: DraftAcceptance | None = None) -> None:
         if decide not in DECISIONS:
             raise ValueError(f"decide must be one of {', '.join(DECISIONS)}, got {decide!r}")
         self.target = BatchedLM(model)
@@ -137,6 +140,13 @@ class BatchEngine:
         # Per-query decisions: cut every chain to the width that pays for the whole padded batch
         # (``_cut_to_width``), from each draft position's measured survival.
         self.cut_width = cut_width
+        # Where the forward multiplies tokens, not padded rows (an exact target's), per-query lanes'
+        # draft tokens are admitted slot by slot instead (``_admit``): by each token's predicted
+        # acceptance (``acceptance``, shared with the single-query engine's priced drafts) against
+        # what one more token costs the batch's forward (the machine's ``curve`` of batch steps,
+        # corrected by the forwards measured here).
+        self.acceptance = acceptance if policy.needs.priced else None
+        self.prices = RoundPrices(curve.step_s, longest=256) if curve is not None else None
         # Switches of measured mechanisms, each on; off only to measure what it is worth
         # (benchmarks/batch_ab.py, BENCHMARKS.md "Batched engine"):
         self.share_prefill = True  # queries joining together share their prompts' forwards (off: row by row)
@@ -208,6 +218,7 @@ class BatchEngine:
             engine = Engine(row, drafters, self.arms, self._lane_policy(seed), self.prompt_fit, self.routes,
                             keep_rounds=self.decide == "query" and self.policy.needs.keep)
             engine.noise_screen = self.noise_screen  # one screen learns from every lane
+            engine.pricing = self.acceptance  # its rounds teach the shared estimate (the batch prices them)
             query, prefill_s, setup_s = engine.start(prompt, settings, generator)
         except BaseException:
             self.target.drop_row(row)
@@ -304,10 +315,14 @@ class BatchEngine:
                 limits = replace(limits, blocked=limits.blocked | models)
             plans.append(plan)
         chains = all(plan.draft.parents is None for plan in plans)
-        # per-query lanes: the padded width is theirs (once a draft token's cost is measured)
-        measure = forced is None and self.cut_width and chains and self.costs.draft_cost_known
         drafted = [len(plan.draft.tokens) for plan in plans]  # before any cut: what the drafters spent on
-        if measure:
+        admit = forced is None and chains and self.target.packs and self.prices is not None \
+            and self.acceptance is not None
+        # per-query lanes: the padded width is theirs (once a draft token's cost is measured)
+        measure = forced is None and self.cut_width and chains and self.costs.draft_cost_known and not admit
+        if admit:
+            plans = self._admit(lanes, plans)
+        elif measure:
             plans = self._cut_to_width(plans)
         inputs = [lane.engine.target_input(lane.query, plan.draft) for lane, plan in zip(lanes, plans)]
         forward_start, grown_s = clock(), self.target.reserve_s
@@ -318,9 +333,13 @@ class BatchEngine:
         # this shape costs: in the fit it tripled the draft-token cost and the load cap then stopped
         # every draft for dozens of rounds — rounds without drafts never correct that coefficient.
         grown_s = self.target.reserve_s - grown_s
-        # the forward pads every row to the longest draft: its cost grows with rows × that width
-        shape = StepShape(len(lanes), len(lanes) * max(len(plan.draft.tokens) for plan in plans),
+        # the forward computes every row's draft (packed), or pads every row to the longest one: its
+        # cost grows with the draft tokens, or with rows × that width
+        fed = [len(plan.draft.tokens) for plan in plans]
+        shape = StepShape(len(lanes), sum(fed) if self.target.packs else len(lanes) * max(fed),
                           max(seconds - grown_s, 1e-6))
+        if admit and self.prices is not None:
+            self.prices.observe(len(lanes) + sum(fed) - 1, shape.seconds)
         self.costs.observe(shape)
         records = []
         shares = measured_shares(self.costs.coef, shape, [len(plan.draft.tokens) for plan in plans])
@@ -340,7 +359,7 @@ class BatchEngine:
             if plan.arm in models:  # a draft cut to 0 still paid for its drafting
                 self.model_token_s.append(plan.draft_s / max(spent, 1))
             records.append(record)
-        if measure:
+        if measure or admit:
             self.survival.observe([(r.drafted, r.accepted) for r in records])
         timing = self.timing
         if forced is not None:
@@ -353,6 +372,31 @@ class BatchEngine:
         timing.draft_s += sum(plan.draft_s for plan in plans)
         timing.policy_s += sum(r.policy_s + r.eval_s for r in records)
         return [lane for lane in lanes if lane.query.finished]
+
+    def _admit(self, lanes: Sequence[Lane], plans: list[Planned]) -> list[Planned]:
+        """Per-query decisions on a target whose forward multiplies tokens (chains only): each lane's
+        draft cut to the tokens the batch admits (:func:`~draftwise.decision.pricing.admitted`) —
+        slots in order of predicted acceptance while one more pays for the row it adds. A lookup's
+        tokens are predicted as its single-query rounds are (and teach the same estimate); a model
+        drafter's by the batch's measured survival per draft position."""
+        assert self.acceptance is not None and self.prices is not None
+        survivals, keys = [], []
+        conditional = [kept / tried for kept, tried in zip(self.survival.kept, self.survival.tried)][1:]
+        for lane, plan in zip(lanes, plans):
+            draft, n = plan.draft, len(plan.draft.tokens)
+            key: Key | None = None
+            if n and draft.probs is None and plan.arm not in self.book.models and not self.arms[plan.arm].stop:
+                key = draft_key(plan.arm, n, draft.match, lane.query.generated, lane.query.settings.sampling.greedy)
+                survivals.append(self.acceptance.survival(key, n))
+            else:
+                survivals.append([conditional[min(k, len(conditional) - 1)] for k in range(n)])
+            keys.append(key)
+        prices = self.prices
+        keep = admitted(survivals, lambda tokens: prices.seconds(tokens - 1))
+        cut = sum(k < len(plan.draft.tokens) for k, plan in zip(keep, plans))
+        self.timing.width_cuts += cut > 0
+        return [replace(plan if k == len(plan.draft.tokens) else cut_plan(plan, k), priced=key)
+                for plan, k, key in zip(plans, keep, keys)]
 
     def _cut_to_width(self, plans: list[Planned]) -> list[Planned]:
         """Per-query decisions (chains only): the forward pads every row to the longest draft, so cut every chain

@@ -34,7 +34,7 @@ from draftwise.models.cached_lm import (
     layer_rows,
 )
 from draftwise.models.layered_cache import LayeredCache, decoder_layers
-from draftwise.models.numerics import computes_exactly, padded_keys
+from draftwise.models.numerics import computes_exactly, packs_tokens, padded_keys
 from draftwise.verify.tree import check_tree, tree_attention_mask, tree_positions
 
 
@@ -117,13 +117,22 @@ class ForwardPlan:
     rows: slice  # the rows fed (contiguous)
     slots: torch.Tensor  # (rows, n) where each fed token's keys and values go
     kv_len: int  # slots visible to this forward (the longest row's cache + its new tokens)
+    packed: torch.Tensor | None = None  # (tokens,) where each fed token sits in the flat (rows × width) batch
 
 
 class RowCache(LayeredCache):
     """The transformers ``Cache`` surface a decoder forward touches, over :class:`RowLayer` buffers."""
 
     def __init__(self, owner: BatchedLM, n_layers: int) -> None:
+        self.owner = owner
         self.layers: list[RowLayer] = [RowLayer(owner) for _ in range(n_layers)]
+
+    @property
+    def packed(self) -> torch.Tensor | None:
+        """The forward's token positions when its rows are padded (the exact layers then multiply
+        the tokens alone: :func:`draftwise.models.numerics.lean_llama_forward`), else None."""
+        plan = self.owner.plan
+        return None if plan is None else plan.packed
 
 
 class BatchedLM:
@@ -140,8 +149,15 @@ class BatchedLM:
         self.reserve_s = 0.0  # seconds spent growing the buffers (inside run): not a forward's cost
         self.cache_keyword = cache_keyword(model)
         self.exact = computes_exactly(model)
+        # a padded forward multiplies its tokens alone, not rows × the longest row's width
+        self.packs = self.exact and packs_tokens(model)
         self.plan: ForwardPlan | None = None
         self.cache = self._new_cache()
+        # The decoder and its LM head, for padded batches of an exact target: the head then multiplies
+        # only the rows whose logits are asked for (one row verifying 3 draft tokens in a batch of 8
+        # made the head multiply 32 rows for 11 wanted). None where the model does not split so.
+        decoder, head = getattr(model, "model", None), model.get_output_embeddings()
+        self.head_apart = (decoder, head) if self.packs and isinstance(decoder, torch.nn.Module) else None
 
     def _new_cache(self) -> RowCache:
         return RowCache(self, decoder_layers(self.model))
@@ -231,16 +247,29 @@ class BatchedLM:
                 allowed[b, : len(item.ids), item.cached + len(item.ids) :] = False
         blocked = torch.finfo(self.dtype).min
         mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill(~allowed, blocked)[:, None]
-        self.plan = ForwardPlan(slice(indices[0], indices[0] + len(indices)), slots.to(self.device), kv_len)
+        lengths = [len(i.ids) for i in inputs]
+        packed = None
+        if self.packs and min(lengths) < width:  # padded: the products skip the padding
+            packed = torch.tensor([b * width + j for b, n in enumerate(lengths) for j in range(n)], device=self.device)
+        self.plan = ForwardPlan(slice(indices[0], indices[0] + len(indices)), slots.to(self.device), kv_len, packed)
         keep_hidden = any(i.row.hidden_layers for i in inputs)
-        # the LM head runs only where some row needs logits (a prompt needs its last position only)
+        # the LM head runs only where some row needs logits (a prompt needs its last position only):
+        # of a padded batch, exactly those rows; else the last ``keep`` positions of every row
+        wanted = [(b, j) for b, item in enumerate(inputs) for j in range(len(item.ids) - item.n_out, len(item.ids))]
+        split = self.head_apart if packed is not None else None
         keep = max(width - len(i.ids) + i.n_out for i in inputs)
+        feed = {"input_ids": ids.to(self.device), "position_ids": positions.to(self.device),
+                "attention_mask": mask.to(self.device), "use_cache": True, self.cache_keyword: self.cache,
+                **({"output_hidden_states": True} if keep_hidden else {})}
         try:
-            out = self.model(
-                input_ids=ids.to(self.device), position_ids=positions.to(self.device),
-                attention_mask=mask.to(self.device), use_cache=True, logits_to_keep=keep,
-                **{self.cache_keyword: self.cache}, **({"output_hidden_states": True} if keep_hidden else {}),
-            )
+            if split is None:
+                out = self.model(**feed, logits_to_keep=keep)
+                logits = out.logits
+            else:
+                out = split[0](**feed)
+                hidden = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
+                logits = split[1](hidden.index_select(0, torch.tensor([b * width + j for b, j in wanted],
+                                                                      device=self.device)))
         except BaseException:
             for item in inputs:
                 item.row.forget()
@@ -248,18 +277,23 @@ class BatchedLM:
         finally:
             self.plan = None
         self.calls += 1
-        results = {}
-        choices = out.logits.max(-1).indices.tolist() if argmax else None  # argmax's first maximal index
+        choices = logits.max(-1).indices.tolist() if argmax else None  # argmax's first maximal index
         if choices is None:
             wait_for(self.device)  # the caller times this forward: on a GPU, kernels run after the call returns
+        results, start = {}, 0
         for b, item in enumerate(inputs):
             n = len(item.ids)
             item.row.length = cached[b] + n
             if item.row.hidden_layers:
                 item.row.hidden.append(layer_rows(out.hidden_states, item.row.hidden_layers, b, n))
-            first = keep - width + n - item.n_out  # logits row of position n - n_out
-            results[id(item)] = out.logits[b, first : first + item.n_out].float()
-            item.row.choices = None if choices is None else choices[b][first : first + item.n_out]
+            if split is None:
+                first = keep - width + n - item.n_out  # logits row of position n - n_out
+                results[id(item)] = logits[b, first : first + item.n_out].float()
+                item.row.choices = None if choices is None else choices[b][first : first + item.n_out]
+            else:
+                results[id(item)] = logits[start : start + item.n_out].float()
+                item.row.choices = None if choices is None else choices[start : start + item.n_out]
+                start += item.n_out
         return [results[id(item)] for item in given]  # in the order given
 
 

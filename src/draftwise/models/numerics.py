@@ -579,10 +579,27 @@ def rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
     return norm.weight * rows.to(x.dtype)
 
 
+def pack(states: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """The rows of a padded batch's (rows, width, d) ``states`` that hold tokens, as (tokens, d)."""
+    return states.reshape(-1, states.shape[-1]).index_select(0, packed)
+
+
+def unpack(states: torch.Tensor, packed: torch.Tensor | None, rows: torch.Size) -> torch.Tensor:
+    """:func:`pack` undone: (tokens, d) back in their places of a (rows, width, d) batch, zeros
+    elsewhere (padding: never seen by a token's attention, never read back). Every exact mode's
+    products compute each row on its own, so a token's bits do not depend on the padding left out."""
+    if packed is None:
+        return states
+    full = states.new_zeros((rows.numel(), states.shape[-1]))
+    return full.index_copy_(0, packed, states).view(*rows, -1)
+
+
 def lean_llama_forward(layer: Any) -> Callable[..., torch.Tensor]:
     """A Llama decoder layer's forward as one function over its (rebuilt) parts: the operations of
     transformers' own, without its per-module calls, decorators and keyword plumbing. Its
-    sub-modules' parameters stay the model's."""
+    sub-modules' parameters stay the model's. Given a padded batch (its cache's ``packed``), the
+    layer's products run on the tokens alone: a batch whose one row verifies 8 tokens multiplies
+    R + 8 rows, not 9·R."""
     attention, mlp = layer.self_attn, layer.mlp
     first, second = layer.input_layernorm, layer.post_attention_layernorm
     q_proj, k_proj, v_proj, o_proj = (attention.q_proj.forward, attention.k_proj.forward,
@@ -595,20 +612,29 @@ def lean_llama_forward(layer: Any) -> Callable[..., torch.Tensor]:
                 position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
                 cache: Any = None, **kwargs: Any) -> torch.Tensor:
         cache = kwargs.get("past_key_values") if cache is None else cache
+        packed = getattr(cache, "packed", None)  # a padded batch: the positions that hold tokens
         rows = hidden_states.shape[:-1]
         heads = (*rows, -1, head_dim)
-        x = rms_norm(hidden_states, first)
-        query, key, value = (p(x).view(heads).transpose(1, 2) for p in (q_proj, k_proj, v_proj))
+        states = hidden_states if packed is None else pack(hidden_states, packed)
+        x = rms_norm(states, first)
+        query, key, value = (unpack(p(x), packed, rows).view(heads).transpose(1, 2) for p in (q_proj, k_proj, v_proj))
         assert position_embeddings is not None, "Llama's forward hands every layer its rotary tables"
         query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
         if cache is not None:
             key, value = cache.update(key, value, index)
         out, _ = exact_attention(attention, query, key, value, attention_mask, scaling=scaling)
-        hidden_states = hidden_states + o_proj(out.reshape(*rows, -1))
-        x = rms_norm(hidden_states, second)
-        return hidden_states + down(act(gate(x)) * up(x))
+        out = out.reshape(*rows, -1)
+        states = states + o_proj(out if packed is None else pack(out, packed))
+        x = rms_norm(states, second)
+        return unpack(states + down(act(gate(x)) * up(x)), packed, rows)
 
+    forward.packs = True  # type: ignore[attr-defined]  # reads a padded batch's ``packed`` (packs_tokens)
     return forward
+
+
+def packs_tokens(model: nn.Module) -> bool:
+    """Whether ``model``'s layers multiply a padded batch's tokens alone (:func:`lean_llama_forward`)."""
+    return any(getattr(layer.forward, "packs", False) for layer in model.modules())
 
 
 def lean_layers(model: nn.Module) -> None:
