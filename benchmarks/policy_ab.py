@@ -89,17 +89,20 @@ def main() -> None:
                              "(draftwise.decision.routing.RouteMemory off; repeatable)")
     parser.add_argument("--unpriced", action="append", default=[], metavar="LABEL",
                         help="run this config without priced lookup drafts (draftwise.decision.pricing; repeatable)")
+    parser.add_argument("--priced", action="append", default=[], metavar="LABEL",
+                        help="price this config's lookup drafts even under a fixed policy (repeatable)")
     parser.add_argument("--shuffle", type=int, default=None, metavar="SEED",
                         help="run the prompts in a random order (default: grouped by domain, as bench runs them)")
     args = parser.parse_args()
     labels = [item.partition("=")[0] for item in args.config]
     for option, named in (("--no-screen", args.no_screen), ("--no-route-memory", args.no_route_memory),
-                          ("--unpriced", args.unpriced)):
+                          ("--unpriced", args.unpriced), ("--priced", args.priced)):
         unknown = sorted(set(named) - set(labels))
         if unknown:
             parser.error(f"{option} {', '.join(unknown)}: no such --config label (labels: {', '.join(labels)})")
     prompts = dev_prompts(args)
     from draftwise import Generator
+    from draftwise.decision.pricing import DraftAcceptance
     from draftwise.drafters.suffix import forget_stored_answers
 
     register_rule_policy()
@@ -117,6 +120,8 @@ def main() -> None:
             generators[label].engine.routes.weight = 0.0
         if label in args.unpriced:
             generators[label].engine.pricing = None
+        if label in args.priced:
+            generators[label].engine.pricing = DraftAcceptance()
     if args.shuffle is not None:  # learners that keep evidence across queries must not need domain runs
         prompts = [prompts[i] for i in np.random.default_rng(args.shuffle).permutation(len(prompts))]
     ids = [generators["ar"].encode(p.text) for p in prompts]

@@ -37,6 +37,27 @@ def test_each_context_learns_its_own_best_arm() -> None:
     assert set(state) >= {"(True,)", "(False,)"}
 
 
+def test_follow_plays_a_proposing_lookup_and_learns_only_where_none_proposes() -> None:
+    """``follow=1`` (the default's): where the lookup proposes its arm is played whatever it earned
+    (the engine prices its draft, no draft included); elsewhere the learner learns as always."""
+    policy = make_policy("ctx-ucb:beta=0.1,follow=1,lead=0", ["pld@8", "auto@4", "none"], np.random.default_rng(0))
+    policy.begin_query()
+    played = {True: set(), False: set()}
+    for step in range(80):
+        match = step % 2 == 0
+        policy.set_context((match,))
+        arm = policy.select()
+        played[match].add(arm)
+        tokens = {0: 1, 1: 3, 2: 1}[arm]  # the lookup earns nothing: under follow it is played anyway
+        policy.update(arm, _record(arm, tokens, 0.01 if arm != 0 else 0.02))
+    assert played[True] == {0}
+    assert len(played[False]) > 1  # explored …
+    policy.set_context((False,))
+    assert policy.select() == 1  # … and learned
+    policy.set_context((True,))
+    assert policy.select_unblocked(frozenset({0})) != 0  # a blocked lookup arm is not followed
+
+
 def test_the_answers_opening_is_a_context_of_its_own() -> None:
     """``opening=N``: rounds before the answer's N-th token learn apart from the later ones — a
     lookup that fails in the openings is still the leader later (the default, N = 16)."""

@@ -27,7 +27,7 @@ from draftwise.policies import PolicySpec, parse_policy
 # context of their own: lookups rarely match there, and under load what those rounds teach would stop a
 # query drafting for the rest of its answer. How it does against the best single drafter: docs/policies.md,
 # "How it does"; the reasons, measured: docs/design.md, "Policies".
-DEFAULT_POLICY = "ctx-ucb:opening=16"
+DEFAULT_POLICY = "ctx-ucb:opening=16,follow=1"
 DEFAULT_DRAFT_LEN = 4  # draft tokens per round; verifying 5 tokens costs 1.4–1.9× one on CPUs (BENCHMARKS.md)
 DEFAULT_LAYOUT = "drafters"
 

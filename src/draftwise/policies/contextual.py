@@ -27,6 +27,11 @@ costs more than it teaches within short queries; the prior is never decayed but 
 ``lead`` observations, so the data take over where they do better (``lead=0``: plain UCB per
 context).
 
+``follow`` (default off; the engine's default policy sets it): where a watched lookup proposes, its
+arm is played without exploring — the engine cuts the draft to the length that pays at the
+machine's prices (:mod:`draftwise.decision.pricing`), no draft included — and the learner chooses
+only where none proposes.
+
 ``opening`` (default 0; the engine's default policy uses 16): the answer's first tokens are a
 context of their own — lookups rarely match there, and what those rounds teach should not stand for
 the rest of the answer. ``min_match`` (default 1): a lookup counts as proposing only with at least
@@ -98,6 +103,7 @@ class ContextualUCBPolicy(UCBPolicy):
         model_decay: float = 1.0,
         opening: int = 0,
         min_match: int = 1,
+        follow: bool = False,
         **common: Any,
     ) -> None:
         if lead < 0 or not 0.0 <= lag <= 1.0:
@@ -113,6 +119,10 @@ class ContextualUCBPolicy(UCBPolicy):
         # A lookup counts as proposing with at least ``min_match`` tokens: a one-token match is
         # often a guess, and where the fallback drafts, it drafts better.
         self.min_match = min_match
+        # Where a watched lookup proposes, play its arm without exploring: the engine cuts its draft
+        # to the length that pays (draftwise.decision.pricing), none included, so there is nothing
+        # left to learn there; the learner chooses only where no lookup proposes.
+        self.follow = follow
         self.on = on
         # The answer's first ``opening`` tokens are a context of their own: lookups rarely match
         # there, and what they teach should not stand for the rest of the answer.
@@ -164,6 +174,13 @@ class ContextualUCBPolicy(UCBPolicy):
         super().observe(arm, reward)
         self.reward_sum += reward
         self.reward_count += 1
+
+    def select(self) -> int:
+        leader = self.leader(self.key) if self.follow else None
+        if leader is not None and leader not in self.plain_arms and leader not in self.model_arms \
+                and leader not in self.blocked:
+            return leader
+        return super().select()
 
     def leader(self, key: Context) -> int | None:
         """The arm the rule prior favours in a context: the arm of a lookup that has a proposal,
