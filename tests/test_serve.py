@@ -155,7 +155,8 @@ def test_chat_greedy_streamed_equals_non_streamed_equals_generate(server, gen):
     assert reply.usage.completion_tokens == len(reference.token_ids)
     assert reply.choices[0].finish_reason == ("length" if reference.stats.stopped_by == "max_new_tokens" else "stop")
     spec = reply.model_extra["speculative"]
-    assert sum(spec["pulls"].values()) == spec["rounds"] and spec["mat"] > 1.0
+    # whether drafting pays here is the machine's call (priced decisions): the statistics add up either way
+    assert sum(spec["pulls"].values()) == spec["rounds"] and spec["mat"] >= 1.0
 
     chunks = list(server.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24,
                                                         temperature=0, stream=True,
