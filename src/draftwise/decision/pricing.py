@@ -68,9 +68,9 @@ class DraftAcceptance:
             self.kept[key] = [self.weight * self.prior] * LONGEST
         return self.tried[key], self.kept[key]
 
-    def survival(self, key: Key, length: int) -> list[float]:
+    def survival(self, key: Key, length: int, optimism: float = OPTIMISM) -> list[float]:
         """The optimistic conditional acceptance of positions 1..``length``: the mean plus
-        ``OPTIMISM`` standard deviations of its estimate (at most 1).
+        ``optimism`` standard deviations of its estimate (at most 1).
 
         >>> book = DraftAcceptance()
         >>> [round(p, 3) for p in book.survival(("a",), 2)]
@@ -85,7 +85,7 @@ class DraftAcceptance:
         for k in range(length):
             n, s = tried[min(k, LONGEST - 1)], kept[min(k, LONGEST - 1)]
             mean = s / n
-            out.append(min(1.0, mean + OPTIMISM * math.sqrt(mean * (1 - mean) / n)))
+            out.append(min(1.0, mean + optimism * math.sqrt(mean * (1 - mean) / n)))
         return out
 
     def observe(self, key: Key, drafted: int, accepted: int) -> None:

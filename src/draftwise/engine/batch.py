@@ -54,7 +54,7 @@ import torch
 
 from draftwise.decision.arms import Arm
 from draftwise.decision.core import NO_LIMITS, Limits, LoadLearners, arm_book, copy_learner, load_limits, warm_start
-from draftwise.decision.pricing import DraftAcceptance, Key, RoundPrices, admitted, draft_key
+from draftwise.decision.pricing import OPTIMISM, DraftAcceptance, Key, RoundPrices, admitted
 from draftwise.decision.routing import PromptFit, RouteMemory
 from draftwise.decision.step_costs import (
     MODEL_COST_KNOWN,
@@ -95,7 +95,7 @@ class BatchTiming:
     draft_s: float = 0.0
     policy_s: float = 0.0
     sample_s: float = 0.0
-    width_cuts: int = 0  # rounds whose drafts were cut to a narrower padded width (per-query decisions)
+    width_cuts: int = 0  # rounds whose drafts were cut: to a narrower padded width, or slot by slot (per-query)
     capped_rounds: int = 0  # rounds in which the load cap let no lane draft (per-query decisions)
 
     @property
@@ -380,14 +380,17 @@ class BatchEngine:
         tokens are predicted as its single-query rounds are (and teach the same estimate); a model
         drafter's by the batch's measured survival per draft position."""
         assert self.acceptance is not None and self.prices is not None
-        survivals, keys = [], []
+        survivals: list[list[float]] = []
+        keys: list[Key | None] = []
         conditional = [kept / tried for kept, tried in zip(self.survival.kept, self.survival.tried)][1:]
+        # Under load an untried slot costs a row every other query waits for: judge by the mean (a
+        # query alone explores as it would alone)
+        optimism = OPTIMISM if len(lanes) == 1 else 0.0
         for lane, plan in zip(lanes, plans):
-            draft, n = plan.draft, len(plan.draft.tokens)
-            key: Key | None = None
-            if n and draft.probs is None and plan.arm not in self.book.models and not self.arms[plan.arm].stop:
-                key = draft_key(plan.arm, n, draft.match, lane.query.generated, lane.query.settings.sampling.greedy)
-                survivals.append(self.acceptance.survival(key, n))
+            n = len(plan.draft.tokens)
+            key = lane.engine.lookup_key(lane.query, plan.arm, plan.draft)
+            if key is not None:
+                survivals.append(self.acceptance.survival(key, n, optimism))
             else:
                 survivals.append([conditional[min(k, len(conditional) - 1)] for k in range(n)])
             keys.append(key)

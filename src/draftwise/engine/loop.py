@@ -233,7 +233,7 @@ class Engine:
         t1 = time.perf_counter()
         draft, budget = self._draft(query, choice.arm, limits, proposed)
         draft, noises = self._screen(query, draft)
-        priced = self._price_key(query, choice.arm, draft) if limits is NO_LIMITS else None
+        priced = self.lookup_key(query, choice.arm, draft) if limits is NO_LIMITS and self.costs is not None else None
         if priced is not None:
             draft, noises = self._price(draft, noises, priced)
         return Planned(choice, draft, budget, t1 - t0 - lookup_s, time.perf_counter() - t1 + lookup_s, noises, priced)
@@ -361,11 +361,11 @@ class Engine:
         keep = self.noise_screen.cut(noises)
         return (draft if keep == len(draft.tokens) else replace(draft, tokens=draft.tokens[:keep])), noises[:keep]
 
-    def _price_key(self, query: QueryState, arm_index: int, draft: Draft) -> Key | None:
+    def lookup_key(self, query: QueryState, arm_index: int, draft: Draft) -> Key | None:
         """What a lookup's chain draft's acceptance is predicted by (None: not a priced draft — a
-        model's, a tree, an empty one, or pricing off)."""
-        if self.pricing is None or self.costs is None or not draft.tokens or draft.parents is not None \
-                or draft.probs is not None or arm_index in self.book.models or self.arms[arm_index].stop:
+        model's, a tree, an empty one — or pricing off)."""
+        if self.pricing is None or not draft.tokens or draft.parents is not None or draft.probs is not None \
+                or arm_index in self.book.models or self.arms[arm_index].stop:
             return None
         return draft_key(arm_index, len(draft.tokens), draft.match, query.generated, query.settings.sampling.greedy)
 
