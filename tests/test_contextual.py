@@ -210,9 +210,11 @@ def test_cascade_layout_and_the_routed_arm_parse(pool) -> None:
     _, _, make = pool
     drafters = make()
     arms = build_arms("cascade", drafters, ArmSettings(draft_len=3))
-    # both lookups: a pick, suffix first, at twice the draft length and just under it
-    assert [a.name for a in arms] == ["suffix/pld@6", "suffix/pld@2", "auto@3", "none"]
+    # both lookups: a pick, suffix first, at twice the draft length and just under it; the routed
+    # model arm drafts while each next token pays (the gain rule)
+    assert [a.name for a in arms] == ["suffix/pld@6", "suffix/pld@2", "auto@3+gain", "none"]
     assert arms[0].pick and arms[0].lookups == (1, 0) and arms[1].pick and arms[2].route == (2, 3)
+    assert arms[2].stop == "gain"
     assert [a.name for a in build_arms("cascade", drafters, ArmSettings(draft_len=1))][:2] == ["suffix/pld@2",
                                                                                                "suffix/pld@1"]
     assert build_arms("cascade", drafters, ArmSettings(drafter="suffix"))[0].name == "suffix@8"
@@ -278,10 +280,10 @@ def test_routed_arm_drafts_with_the_drafter_that_predicts_the_prompt(pool) -> No
         seed_prompt, max_new_tokens=40, ignore_eos=True)
     # the default arms (cascade); the prior leads with the routed arm where the lookup has no match
     gen = Generator(model, tokenizer, make(), policy="ctx-ucb:fallback=model")
-    assert [a.name for a in gen.arms] == ["suffix/pld@8", "suffix/pld@3", "auto@4", "none"]
+    assert [a.name for a in gen.arms] == ["suffix/pld@8", "suffix/pld@3", "auto@4+gain", "none"]
     result = gen.generate(seed_prompt + written.token_ids, max_new_tokens=30, ignore_eos=True)
     routed = {r.arm_name for r in result.trace if r.arm_name.startswith("auto")}
-    assert routed == {"auto@4=llama-twin"}  # the target's twin predicts a prompt the target wrote
+    assert routed == {"auto@4+gain=llama-twin"}  # the target's twin predicts a prompt the target wrote
 
 
 def test_engine_tells_the_policy_whether_its_lookup_matches(pool, monkeypatch) -> None:

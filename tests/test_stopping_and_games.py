@@ -114,8 +114,8 @@ def test_heuristic_follows_transformers_schedule() -> None:
 def test_gain_drafts_while_the_expected_rate_rises_and_learns_costs_and_calibration() -> None:
     """The expected-throughput rule: long drafts while the drafter is sure and verifying is cheap,
     the first doubtful token stops them once verification is dear; it learns both from rounds."""
-    assert draft_pays(1.0, 1.0, 0.9, 1, 0.005, 0.0)
-    assert not draft_pays(1.0, 1.0, 0.05, 1, 0.005, 0.004)
+    assert draft_pays(1.0, 1.0, 0.9, 1, lambda n: 0.005)
+    assert not draft_pays(1.0, 1.0, 0.05, 1, lambda n: 0.005 + 0.004 * n)
     cheap = make_stop_rule("gain")
     cheap.costs.draft, cheap.costs.verify = LineFit(1e-4, 1e-5, 1, 1), LineFit(5e-3, 1e-5, 1, 1)  # a GPU at batch 1
     assert _drafted_with(cheap) == len(SCRIPT)  # every token is worth its (tiny) cost

@@ -150,22 +150,21 @@ class Heuristic(StopRule):
         return {"rule": self.name, "k": self.k}
 
 
-def draft_pays(expected: float, survival: float, accept: float, drafted: int, base_s: float,
-               per_token_s: float) -> bool:
+def draft_pays(expected: float, survival: float, accept: float, drafted: int,
+               round_s: Callable[[int], float]) -> bool:
     """Whether drafting one more token raises the round's expected tokens per second.
 
     ``expected`` tokens (1 + Σ survival so far: the target's own token always counts) over
     ``drafted`` tokens; the next one survives with ``survival × accept``. A round of n drafted
-    tokens takes ``base_s + per_token_s × n`` (drafting and verifying together).
+    tokens takes ``round_s(n)`` (drafting and verifying together).
 
-    >>> draft_pays(1.0, 1.0, 0.9, 1, 0.005, 0.0005)   # a likely token, cheap to draft and verify
+    >>> line = lambda base, per: (lambda n: base + per * n)
+    >>> draft_pays(1.0, 1.0, 0.9, 1, line(0.005, 0.0005))   # a likely token, cheap to draft and verify
     True
-    >>> draft_pays(2.0, 0.3, 0.2, 2, 0.005, 0.002)    # an unlikely one after two, dear per token
+    >>> draft_pays(2.0, 0.3, 0.2, 2, line(0.005, 0.002))    # an unlikely one after two, dear per token
     False
     """
-    now = expected / (base_s + per_token_s * drafted)
-    more = (expected + survival * accept) / (base_s + per_token_s * (drafted + 1))
-    return more > now
+    return (expected + survival * accept) / round_s(drafted + 1) > expected / round_s(drafted)
 
 
 class LineFit:
@@ -237,7 +236,18 @@ class ExpectedGain(StopRule):
         centers = (np.arange(bins) + 0.5) / bins
         self.hits, self.tries = prior * centers, np.full(bins, prior)
         self.costs = RoundCostFit()
+        # Seconds of a round verifying n drafted tokens, where the engine prices rounds on the
+        # machine's measured curve (draftwise.decision.pricing.RoundPrices): it then replaces the
+        # fitted line's verification part, which misses the curve's jumps.
+        self.verify_s: Callable[[int], float] | None = None
         self.start_draft()
+
+    def round_s(self, drafted: int) -> float:
+        """A round of ``drafted`` tokens: drafting them and verifying them."""
+        c = self.costs
+        if self.verify_s is None:
+            return c.base_s + c.per_token_s * drafted
+        return c.draft.a + c.draft.b * drafted + self.verify_s(drafted)
 
     def start_draft(self) -> None:
         self.expected, self.survival = 1.0, 1.0
@@ -249,8 +259,7 @@ class ExpectedGain(StopRule):
     def should_stop(self, probs: torch.Tensor, step: int) -> bool:
         b = self._bin(float(probs.max()))
         accept = float(self.hits[b] / self.tries[b])
-        c = self.costs
-        if step > 0 and not draft_pays(self.expected, self.survival, accept, step, c.base_s, c.per_token_s):
+        if step > 0 and not draft_pays(self.expected, self.survival, accept, step, self.round_s):
             return True
         self.drafted_bins.append(b)
         self.survival *= accept

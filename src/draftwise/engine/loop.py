@@ -144,6 +144,8 @@ class Engine:
         if arm_index in self.lasting_rules:
             return self.lasting_rules[arm_index]
         rule = make_stop_rule(spec, self.policy.rng)
+        if hasattr(rule, "verify_s") and self.costs is not None:  # a rule that prices its rounds
+            rule.verify_s = self.round_prices().seconds
         if rule.lasting:
             self.lasting_rules[arm_index] = rule
         return rule
@@ -369,14 +371,19 @@ class Engine:
             return None
         return draft_key(arm_index, len(draft.tokens), draft.match, query.generated, query.settings.sampling.greedy)
 
+    def round_prices(self) -> RoundPrices:
+        """What whole rounds cost here (made from ``costs`` when first asked)."""
+        assert self.costs is not None, "rounds are priced on the machine's measured curve"
+        if self.prices is None:
+            self.prices = RoundPrices(self.costs.forward_s)
+        return self.prices
+
     def _price(self, draft: Draft, noises: list[float] | None, key: Key) -> tuple[Draft, list[float] | None]:
         """2c. cut a lookup's draft to the length with the most expected tokens per second
         (:func:`~draftwise.decision.pricing.priced_length`): its tokens' predicted acceptance against
         what a whole round verifying them costs here (:class:`~draftwise.decision.pricing.RoundPrices`)."""
-        assert self.pricing is not None and self.costs is not None
-        if self.prices is None:
-            self.prices = RoundPrices(self.costs.forward_s)
-        keep = priced_length(self.pricing.survival(key, len(draft.tokens)), self.prices.cost)
+        assert self.pricing is not None
+        keep = priced_length(self.pricing.survival(key, len(draft.tokens)), self.round_prices().cost)
         if keep == len(draft.tokens):
             return draft, noises
         self.cuts += 1
