@@ -1,7 +1,7 @@
 """The arms each driver plays — the single-query engine, the batched engine (per-query and batch-level
 decisions) and the vLLM proposer's core — for fixed seeds and inputs, with timing taken out: rewards
 that count tokens (``length``, ``be``) instead of seconds, a step-cost model with fixed coefficients,
-a model drafter's cost per token fixed, and the vLLM proposer on its fake clock.
+a model drafter's cost per token fixed, lookup drafts unpriced, and the vLLM proposer on its fake clock.
 
 The sequences below are the reference behaviour of the three drivers, which all decide through
 :mod:`draftwise.decision.core`: a change to what any of them decides shows here first.
@@ -55,7 +55,9 @@ def _generator(tiny_models, policy: str, **kwargs: Any) -> Generator:
     options = LoadOptions()
     model, tokenizer = load_causal_lm(str(tiny_models["llama-target"]), options)
     specs = ["pld", "suffix", str(tiny_models["llama-small"]), str(tiny_models["llama-twin"])]
-    return Generator(model, tokenizer, build_drafters(specs, model, tokenizer, options), policy=policy, **kwargs)
+    gen = Generator(model, tokenizer, build_drafters(specs, model, tokenizer, options), policy=policy, **kwargs)
+    gen.engine.pricing = None  # priced drafts rest on measured times (their own tests: test_pricing.py)
+    return gen
 
 
 def _arms(trace: list[Any], names: list[str]) -> str:

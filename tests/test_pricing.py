@@ -70,12 +70,19 @@ def home(tmp_path, monkeypatch):
 REPEATING = "def fib(n): return fib(n - 1) + fib(n - 2)  # def fib(n): return fib(n - 1) + fib(n - 2)  # def"
 
 
+class FixedPrices(RoundPrices):
+    """Round prices that stay the curve's: the measured rounds of a test machine must not move them."""
+
+    def observe(self, drafted: int, seconds: float) -> None:
+        pass
+
+
 def run(gen: Generator, seconds_per_token: float) -> tuple[list[int], int]:
     """Generate at a curve where each verified token beyond the first costs ``seconds_per_token``
     (of a 10 ms plain forward); the tokens and the draft tokens verified."""
     tokens = {k: 0.010 + seconds_per_token * (k - 1) for k in (1, 2, 4, 8, 16)}
     gen.engine.costs = CostCurve({}, tokens, {1: 0.010, 16: 0.100})
-    gen.engine.prices = None
+    gen.engine.prices = FixedPrices(gen.engine.costs.forward_s)
     out = gen.generate(REPEATING, max_new_tokens=96, ignore_eos=True)
     return out.token_ids, sum(r.drafted for r in out.trace)
 
@@ -83,11 +90,12 @@ def run(gen: Generator, seconds_per_token: float) -> tuple[list[int], int]:
 def test_drafts_are_cut_where_verifying_them_costs_more_than_they_keep(home) -> None:
     plain = Generator.from_pretrained("zoo:target", [], policy="fixed", numerics="float32")
     reference = plain.generate(REPEATING, max_new_tokens=96, ignore_eos=True).token_ids
-    gen = Generator.from_pretrained("zoo:target", ["pld"], policy="ctx-ucb", arms="pld@8,none", numerics="float32")
+    gen = Generator.from_pretrained("zoo:target", ["pld"], policy="ctx-ucb:follow=1", arms="pld@8,none",
+                                    numerics="float32")
     cheap_tokens, cheap_drafted = run(gen, 0.0001)
     dear_tokens, dear_drafted = run(gen, 0.020)  # each drafted token costs two plain steps
     assert cheap_tokens == dear_tokens == reference  # lossless either way
-    assert dear_drafted < cheap_drafted / 2
+    assert cheap_drafted > 40 and dear_drafted < cheap_drafted / 2
     fixed = Generator.from_pretrained("zoo:target", ["pld"], policy="fixed:pld@8", arms="pld@8,none",
                                       numerics="float32")
     assert fixed.engine.pricing is None  # a fixed configuration drafts as configured
