@@ -81,7 +81,8 @@ class ContextualUCBPolicy(UCBPolicy):
 
     summary = ("draftwise's default: UCB per context (does the lookup match this round?) over lookup / routed model "
                "drafter / none, throughput reward, bonus scaled to the reward, a rule-shaped prior per "
-               "context, kept across queries; hears every round what no speculation would have earned")
+               "context, kept across queries; hears every round what no speculation would have earned; "
+               "follow=1 (the default's): a proposing lookup is played, its draft priced at this machine's costs")
     default_arms = "cascade"
     side_observations = False  # its reward scale is fed by observe: not wired for side observations
     learned: ClassVar[tuple[str, ...]] = ("key", "stored", "reward_sum", "reward_count")
