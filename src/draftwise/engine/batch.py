@@ -342,7 +342,7 @@ class BatchEngine:
             self.prices.observe(len(lanes) + sum(fed) - 1, shape.seconds)
         self.costs.observe(shape)
         records = []
-        shares = measured_shares(self.costs.coef, shape, [len(plan.draft.tokens) for plan in plans])
+        shares = measured_shares(self.costs.coef, shape, fed)
         plain_share = measured_shares(self.costs.coef, shape, [0])[0] if forced is None else 0.0
         draws: list[CoupledDraw | None] = [None] * len(lanes)
         if not all(greedy):
@@ -396,8 +396,7 @@ class BatchEngine:
             keys.append(key)
         prices = self.prices
         keep = admitted(survivals, lambda tokens: prices.seconds(tokens - 1))
-        cut = sum(k < len(plan.draft.tokens) for k, plan in zip(keep, plans))
-        self.timing.width_cuts += cut > 0
+        self.timing.width_cuts += any(k < len(plan.draft.tokens) for k, plan in zip(keep, plans))
         return [replace(plan if k == len(plan.draft.tokens) else cut_plan(plan, k), priced=key)
                 for plan, k, key in zip(plans, keep, keys)]
 

@@ -255,7 +255,6 @@ class BatchedLM:
         keep_hidden = any(i.row.hidden_layers for i in inputs)
         # the LM head runs only where some row needs logits (a prompt needs its last position only):
         # of a padded batch, exactly those rows; else the last ``keep`` positions of every row
-        wanted = [(b, j) for b, item in enumerate(inputs) for j in range(len(item.ids) - item.n_out, len(item.ids))]
         split = self.head_apart if packed is not None else None
         keep = max(width - len(i.ids) + i.n_out for i in inputs)
         feed = {"input_ids": ids.to(self.device), "position_ids": positions.to(self.device),
@@ -268,8 +267,8 @@ class BatchedLM:
             else:
                 out = split[0](**feed)
                 hidden = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
-                logits = split[1](hidden.index_select(0, torch.tensor([b * width + j for b, j in wanted],
-                                                                      device=self.device)))
+                wanted = [b * width + j for b, n in enumerate(lengths) for j in range(n - inputs[b].n_out, n)]
+                logits = split[1](hidden.index_select(0, torch.tensor(wanted, device=self.device)))
         except BaseException:
             for item in inputs:
                 item.row.forget()
