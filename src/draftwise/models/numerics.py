@@ -87,7 +87,9 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, *self.kernel_args)
-        out = out[:, : self.out_features].to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        if out.shape[1] != self.out_features:  # the kernel's spare outputs (sixteens)
+            out = out[:, : self.out_features]
+        out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
@@ -572,11 +574,29 @@ class FusedPart(nn.Module):
         return self.shared.product(x)[..., self.start : self.stop]
 
 
-def rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
-    """transformers' Llama RMSNorm, the same operations in the same order."""
-    rows = x.to(torch.float32)
-    rows = rows * torch.rsqrt(rows.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * rows.to(x.dtype)
+def norm_rows(x: torch.Tensor, weight: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """transformers' Llama RMSNorm, the same operations in the same order (no casts where the rows
+    are float32 already); its weight and epsilon read once by the caller: a module's are slow to read."""
+    rows = x if x.dtype == torch.float32 else x.to(torch.float32)
+    rows = rows * torch.rsqrt(rows.pow(2).mean(-1, keepdim=True) + epsilon)
+    return weight * (rows if x.dtype == torch.float32 else rows.to(x.dtype))
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' rotary embedding (``x·cos + rotate_half(x)·sin``) of (…, heads, head_dim) rows,
+    ``cos`` and ``sin`` broadcast over the heads: the same operations, elementwise, in the same order."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def siblings(parts: tuple[nn.Module, ...]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Sibling layers that read one input, as one function of it giving their outputs side by side:
+    the product they were fused into (:func:`fuse` stacks them in this order), else each layer's own."""
+    first = parts[0]
+    if isinstance(first, FusedPart) and all(isinstance(p, FusedPart) and p.shared is first.shared for p in parts):
+        return first.shared.layer.forward
+    calls = [part.forward for part in parts]
+    return lambda x: torch.cat([call(x) for call in calls], dim=-1)
 
 
 def pack(states: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
@@ -596,17 +616,23 @@ def unpack(states: torch.Tensor, packed: torch.Tensor | None, rows: torch.Size) 
 
 def lean_llama_forward(layer: Any) -> Callable[..., torch.Tensor]:
     """A Llama decoder layer's forward as one function over its (rebuilt) parts: the operations of
-    transformers' own, without its per-module calls, decorators and keyword plumbing. Its
+    transformers' own, without its per-module calls, decorators and keyword plumbing. Fused siblings
+    (q, k, v; gate, up) are one product read by columns, and the queries' and keys' rotary embedding
+    runs on their adjacent columns at once: the same elementwise operations, so the same bits. Its
     sub-modules' parameters stay the model's. Given a padded batch (its cache's ``packed``), the
     layer's products run on the tokens alone: a batch whose one row verifies 8 tokens multiplies
     R + 8 rows, not 9·R."""
     attention, mlp = layer.self_attn, layer.mlp
     first, second = layer.input_layernorm, layer.post_attention_layernorm
-    q_proj, k_proj, v_proj, o_proj = (attention.q_proj.forward, attention.k_proj.forward,
-                                      attention.v_proj.forward, attention.o_proj.forward)
-    gate, up, down, act = mlp.gate_proj.forward, mlp.up_proj.forward, mlp.down_proj.forward, mlp.act_fn
+    first_weight, first_epsilon = first.weight, first.variance_epsilon
+    second_weight, second_epsilon = second.weight, second.variance_epsilon
+    qkv = siblings((attention.q_proj, attention.k_proj, attention.v_proj))
+    gate_up = siblings((mlp.gate_proj, mlp.up_proj))
+    o_proj, down, act = attention.o_proj.forward, mlp.down_proj.forward, mlp.act_fn.forward
     head_dim, scaling, index = attention.head_dim, attention.scaling, attention.layer_idx
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # with the model: loaded already
+    heads = attention.config.num_attention_heads
+    kv_heads = heads // attention.num_key_value_groups
+    k_end = (heads + kv_heads) * head_dim  # q | k | v: the keys end here
 
     def forward(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -614,19 +640,22 @@ def lean_llama_forward(layer: Any) -> Callable[..., torch.Tensor]:
         cache = kwargs.get("past_key_values") if cache is None else cache
         packed = getattr(cache, "packed", None)  # a padded batch: the positions that hold tokens
         rows = hidden_states.shape[:-1]
-        heads = (*rows, -1, head_dim)
         states = hidden_states if packed is None else pack(hidden_states, packed)
-        x = rms_norm(states, first)
-        query, key, value = (unpack(p(x), packed, rows).view(heads).transpose(1, 2) for p in (q_proj, k_proj, v_proj))
+        projected = unpack(qkv(norm_rows(states, first_weight, first_epsilon)), packed, rows)
         assert position_embeddings is not None, "Llama's forward hands every layer its rotary tables"
-        query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
-        if cache is not None:
-            key, value = cache.update(key, value, index)
+        cos, sin = (table.unsqueeze(-2) for table in position_embeddings)  # over the heads of (…, heads, d)
+        rotated = rotate(projected[..., :k_end].view(*rows, heads + kv_heads, head_dim), cos, sin)
+        query = rotated[..., :heads, :].transpose(1, 2).contiguous()  # a no-op for one token
+        key = rotated[..., heads:, :].transpose(1, 2)
+        value = projected[..., k_end:].view(*rows, kv_heads, head_dim).transpose(1, 2)
+        key, value = (key.contiguous(), value.contiguous()) if cache is None else cache.update(key, value, index)
         out, _ = exact_attention(attention, query, key, value, attention_mask, scaling=scaling)
         out = out.reshape(*rows, -1)
         states = states + o_proj(out if packed is None else pack(out, packed))
-        x = rms_norm(states, second)
-        return unpack(states + down(act(gate(x)) * up(x)), packed, rows)
+        x = norm_rows(states, second_weight, second_epsilon)
+        both = gate_up(x)
+        inner = both.shape[-1] // 2  # gate | up
+        return unpack(states + down(act(both[..., :inner]) * both[..., inner:]), packed, rows)
 
     forward.packs = True  # type: ignore[attr-defined]  # reads a padded batch's ``packed`` (packs_tokens)
     return forward
