@@ -22,6 +22,8 @@ from draftwise.models.numerics import (
     GROUP,
     NUMERICS,
     Int4Linear,
+    PaddedCache,
+    chain_mask,
     lean_layers,
     quantize_int4,
     resolve_numerics,
@@ -129,19 +131,32 @@ def test_speculation_equals_plain_decoding_in_every_mode(mode: str) -> None:
 
 
 def test_the_lean_llama_layers_compute_what_transformers_layers_compute(zoo_model) -> None:
-    """Exact modes run a Llama layer as one function (no per-module calls): the same operations, so
-    the same bits as transformers' own layer forward on the same rebuilt parts."""
+    """Exact modes run a Llama layer, and the model around its layers, as plain functions (no
+    per-module calls): the same operations, so the same bits as transformers' own forwards on the
+    same rebuilt parts — logits, and the hidden states white-box drafters read."""
     model, _ = zoo_model
     layers = [m for m in model.modules() if type(m).__name__ == "LlamaDecoderLayer"]
-    assert layers and all("forward" in vars(layer) for layer in layers)
+    assert layers and all("forward" in vars(layer) for layer in layers) and "forward" in vars(model)
     tokens = list(range(3, 90))
-    lean = CachedLM(model).logits(tokens, 4)
-    for layer in layers:
-        del layer.forward  # transformers' own
+
+    def run() -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
+        lm = CachedLM(model)
+        whole = lm.logits(tokens, 4)
+        out = model(input_ids=torch.tensor([tokens[:70]]), attention_mask=chain_mask(0, 70, torch.device("cpu")),
+                    position_ids=torch.arange(70)[None], use_cache=True, cache=PaddedCache(len(layers)),
+                    output_hidden_states=True, logits_to_keep=3)
+        return whole, out.hidden_states, out.logits
+
+    lean = run()
+    for module in (*layers, model):
+        del module.forward  # transformers' own
     try:
-        assert torch.equal(CachedLM(model).logits(tokens, 4), lean)
+        own = run()
     finally:
         lean_layers(model)
+    assert torch.equal(own[0], lean[0]) and torch.equal(own[2], lean[2])
+    assert len(own[1]) == len(lean[1]) == len(layers) + 1
+    assert all(torch.equal(a, b) for a, b in zip(own[1], lean[1], strict=True))
 
 
 def test_tiny_gpt2_and_llama_are_exact_in_every_mode(tiny_models) -> None:

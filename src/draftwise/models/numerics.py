@@ -667,10 +667,57 @@ def packs_tokens(model: nn.Module) -> bool:
 
 
 def lean_layers(model: nn.Module) -> None:
-    """Give every transformers ``LlamaDecoderLayer`` of ``model`` its lean forward."""
+    """Give every transformers ``LlamaDecoderLayer`` of ``model`` its lean forward, and a
+    ``LlamaForCausalLM`` its lean model forward (:func:`lean_causal_lm_forward`)."""
     for layer in model.modules():
         if type(layer).__name__ == "LlamaDecoderLayer":
             layer.forward = lean_llama_forward(layer)
+    if type(model).__name__ == "LlamaForCausalLM":
+        model.forward = lean_causal_lm_forward(model)
+
+
+LEAN_CALL = frozenset({"input_ids", "attention_mask", "position_ids", "cache", "past_key_values", "use_cache",
+                       "logits_to_keep", "output_hidden_states"})  # what the engine's forwards pass
+
+
+def lean_causal_lm_forward(model: Any) -> Callable[..., Any]:
+    """A ``LlamaForCausalLM``'s forward for the calls the engine makes (token ids, a prepared 4-D mask,
+    a cache): embeddings, rotary tables, the layers, the final norm and the head on the rows kept,
+    the same operations in the same order as transformers', without its decorators, mask builder and
+    per-module calls. Any other call (transformers' ``generate``, training) goes to its own forward."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast  # with the model: loaded already
+    from transformers.models.llama.modeling_llama import slice_logits_to_keep
+
+    own = model.forward
+    inner = model.model
+    embed, rotary, norm = inner.embed_tokens.forward, inner.rotary_emb.forward, inner.norm.forward
+    layers = [layer.forward for layer in inner.layers[: model.config.num_hidden_layers]]
+    head = model.lm_head.forward
+
+    def forward(**kwargs: Any) -> Any:
+        mask = kwargs.get("attention_mask")
+        if not LEAN_CALL.issuperset(kwargs) or kwargs.get("input_ids") is None or mask is None or mask.dim() != 4:
+            return own(**kwargs)
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        hidden = embed(kwargs["input_ids"])
+        positions = kwargs.get("position_ids")
+        if positions is None:
+            seen = cache.get_seq_length() if cache is not None else 0
+            positions = (torch.arange(hidden.shape[1], device=hidden.device) + seen)[None]
+        tables = rotary(hidden, position_ids=positions)
+        states: list[torch.Tensor] | None = [] if kwargs.get("output_hidden_states") else None
+        for layer in layers:
+            if states is not None:
+                states.append(hidden)
+            hidden = layer(hidden, attention_mask=mask, position_embeddings=tables, cache=cache)
+        hidden = norm(hidden)
+        if states is not None:  # as transformers gives them: each layer's input, then the final norm's output
+            states.append(hidden)
+        logits = head(slice_logits_to_keep(hidden, kwargs.get("logits_to_keep", 0)))
+        return CausalLMOutputWithPast(logits=logits, cache=cache,
+                                      hidden_states=None if states is None else tuple(states))
+
+    return forward
 
 
 def replace_linears(model: nn.Module, factory: LinearFactory) -> None:
