@@ -56,6 +56,10 @@ def test_the_curve_is_measured_once_and_kept_per_machine(home, zoo_target, monke
     assert target_costs(zoo_target).key["cpu"] == "another CPU"  # another machine measures its own
     assert len(list((home / "costs").glob("*.json"))) == 2
 
+    monkeypatch.setattr(costs, "forward_code", lambda: "another forward")
+    assert target_costs(zoo_target).key["forward"] == "another forward"  # so does another release's forward
+    assert len(list((home / "costs").glob("*.json"))) == 3
+
 
 def test_a_damaged_kept_curve_is_measured_again(home, zoo_target) -> None:
     curve = target_costs(zoo_target)

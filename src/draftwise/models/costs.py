@@ -11,6 +11,7 @@ CPU or thread count measures again), and refines it from the forwards the engine
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 
+from draftwise.models import numerics
 from draftwise.models.batched_lm import BatchedLM, wait_for
 from draftwise.models.cached_lm import CachedLM
 from draftwise.models.named_models import draftwise_home
@@ -77,14 +79,22 @@ def numerics_of(model: Any) -> str:
 
 def target_identity(model: Any) -> dict[str, Any]:
     """The target as its costs see it: its configuration (the shapes: two copies of a model cost
-    alike wherever they are stored), its numerics and its device."""
+    alike wherever they are stored), its numerics, its device and the code that runs its forward."""
     config = model.config.to_dict() if hasattr(model.config, "to_dict") else {}
     shape = {k: v for k, v in sorted(config.items())
              if isinstance(v, (int, float, str, bool)) and not k.startswith("_")}
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
     device = next(model.parameters()).device
     return {"model": str(config.get("_name_or_path") or config.get("model_type") or "model"), "config": digest,
-            "numerics": numerics_of(model), "device": str(device)}
+            "numerics": numerics_of(model), "device": str(device), "forward": forward_code()}
+
+
+@functools.cache
+def forward_code() -> str:
+    """A digest of the code that runs an exact forward: a release that makes it faster or slower
+    gets its costs measured again, not priced on the last one's (a step 18 % faster changes every
+    verification's price relative to it)."""
+    return hashlib.sha256(Path(numerics.__file__).read_bytes()).hexdigest()[:12]
 
 
 @dataclass
