@@ -686,7 +686,6 @@ def lean_causal_lm_forward(model: Any) -> Callable[..., Any]:
     the same operations in the same order as transformers', without its decorators, mask builder and
     per-module calls. Any other call (transformers' ``generate``, training) goes to its own forward."""
     from transformers.modeling_outputs import CausalLMOutputWithPast  # with the model: loaded already
-    from transformers.models.llama.modeling_llama import slice_logits_to_keep
 
     own = model.forward
     inner = model.model
@@ -713,9 +712,10 @@ def lean_causal_lm_forward(model: Any) -> Callable[..., Any]:
         hidden = norm(hidden)
         if states is not None:  # as transformers gives them: each layer's input, then the final norm's output
             states.append(hidden)
-        logits = head(slice_logits_to_keep(hidden, kwargs.get("logits_to_keep", 0)))
-        return CausalLMOutputWithPast(logits=logits, cache=cache,
-                                      hidden_states=None if states is None else tuple(states))
+        keep = kwargs.get("logits_to_keep", 0)  # the last ``keep`` rows (0: all), or the rows listed
+        logits = head(hidden[:, slice(-keep, None) if isinstance(keep, int) else keep, :])
+        # the cache stays the caller's: not handed back (its field's name changes across transformers)
+        return CausalLMOutputWithPast(logits=logits, hidden_states=None if states is None else tuple(states))
 
     return forward
 
