@@ -589,14 +589,13 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def siblings(parts: tuple[nn.Module, ...]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Sibling layers that read one input, as one function of it giving their outputs side by side:
-    the product they were fused into (:func:`fuse` stacks them in this order), else each layer's own."""
+def fused_product(parts: tuple[nn.Module, ...]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The one product that sibling layers reading one input (a Llama layer's q, k, v; gate, up)
+    were fused into by :func:`replace_linears`: their outputs side by side, in this order (:func:`fuse`)."""
     first = parts[0]
-    if isinstance(first, FusedPart) and all(isinstance(p, FusedPart) and p.shared is first.shared for p in parts):
-        return first.shared.layer.forward
-    calls = [part.forward for part in parts]
-    return lambda x: torch.cat([call(x) for call in calls], dim=-1)
+    assert isinstance(first, FusedPart) and all(isinstance(p, FusedPart) and p.shared is first.shared
+                                                for p in parts), "an exact numerics fuses a Llama layer's siblings"
+    return first.shared.layer.forward
 
 
 def pack(states: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
@@ -626,8 +625,8 @@ def lean_llama_forward(layer: Any) -> Callable[..., torch.Tensor]:
     first, second = layer.input_layernorm, layer.post_attention_layernorm
     first_weight, first_epsilon = first.weight, first.variance_epsilon
     second_weight, second_epsilon = second.weight, second.variance_epsilon
-    qkv = siblings((attention.q_proj, attention.k_proj, attention.v_proj))
-    gate_up = siblings((mlp.gate_proj, mlp.up_proj))
+    qkv = fused_product((attention.q_proj, attention.k_proj, attention.v_proj))
+    gate_up = fused_product((mlp.gate_proj, mlp.up_proj))
     o_proj, down, act = attention.o_proj.forward, mlp.down_proj.forward, mlp.act_fn.forward
     head_dim, scaling, index = attention.head_dim, attention.scaling, attention.layer_idx
     heads = attention.config.num_attention_heads
