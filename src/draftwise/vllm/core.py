@@ -42,7 +42,8 @@ from draftwise.decision import (
     routed_drafter,
     warm_start,
 )
-from draftwise.drafters import DraftContext
+from draftwise.decision.pricing import OPTIMISM, DraftAcceptance, admitted, draft_key
+from draftwise.drafters import Draft, DraftContext
 from draftwise.drafters.pool import DrafterPool
 from draftwise.errors import DraftwiseError
 from draftwise.policies import parse_policy
@@ -102,6 +103,9 @@ class ProposerCore:
         # the no-speculation arm, the model arms (a request's LM draft runs while every other
         # request waits) and the lookups a contextual learner watches (draftwise.decision.core)
         self.book = arm_book(self.arms, drafters, needs.context_on)
+        # each lookup draft's tokens' acceptance, predicted before the step and learned from every
+        # verified draft, kept across requests: what the step admits of each draft (``admit``)
+        self.acceptance = DraftAcceptance() if options.admit else None
 
     # -- set-up ------------------------------------------------------------------------------
     def _init_batch(self) -> None:
@@ -151,6 +155,8 @@ class ProposerCore:
             load = len(decode) if self.options.load_context else None
             for row, state in decode:
                 drafts[row] = self._draft(state, limits, load) if limits.cap else []
+            if self.acceptance is not None and self.costs.draft_cost_known:
+                self._admit(decode, drafts)
         return drafts
 
     def _shape(self, view: BatchView | None, ids: Sequence[str], sampled: Sequence[Sequence[int]],
@@ -242,6 +248,8 @@ class ProposerCore:
         pending, state.pending = state.pending, None
         if pending is None or not pending.learner:
             return
+        if pending.priced is not None and self.acceptance is not None:
+            self.acceptance.observe(pending.priced, drafted, max(0, min(emitted - 1, drafted)))
         if pending.arm in self.book.models:  # what its drafting cost a token (a draft cut to 0 still paid)
             self.costs.model_token_s.append(pending.draft_s / max(pending.drafted, 1))
         if shape is None:
@@ -260,12 +268,13 @@ class ProposerCore:
     def _budget(self, state: RequestState, length: int) -> int:
         return max(0, min(length, self.facts.max_model_len - len(state.tokens) - 1))
 
-    def _propose(self, state: RequestState, index: int, length: int, stop: Any = None) -> list[int]:
+    def _propose(self, state: RequestState, index: int, length: int, stop: Any = None) -> Draft:
         drafter = state.drafters[index]
         store = self.pool.stores.get(index)
         if store is not None:
             store.sync(drafter)
-        return list(drafter.propose(state.tokens, length, self.ctx, stop).tokens)[:length]
+        draft = drafter.propose(state.tokens, length, self.ctx, stop)
+        return Draft(list(draft.tokens)[:length], match=draft.match)
 
     def _limits(self, requests: int) -> Limits:
         """What this load allows every request (:func:`~draftwise.decision.core.load_limits`): drafts cut
@@ -285,27 +294,61 @@ class ProposerCore:
         if budget == 0:
             return []
         assert state.decider is not None, "a request's learner chooses its drafts"
-        proposals: dict[int, list[int]] = {}
+        proposals: dict[int, Draft] = {}
         lengths = []
         for index in self.book.watched:
             if index is not None:
                 proposals[index] = self._propose(state, index, budget)
-            lengths.append(len(proposals[index]) if index is not None else 0)
+            lengths.append(len(proposals[index].tokens) if index is not None else 0)
         choice = state.decider.choose(lengths, state.new_tokens, limits, load=load)
         if choice is None:
             return []  # no arm could draft: a plain step, nothing for the learner to learn
         arm = self.arms[choice.arm]
-        tokens: list[int] = []
+        draft = Draft([])
         if arm.drafter is not None:
             length = min(limits.length(choice.arm, self.book), budget)
-            drafts = [proposals[i][:length] if i in proposals and arm.stop is None
+            drafts = [Draft(proposals[i].tokens[:length], match=proposals[i].match)
+                      if i in proposals and arm.stop is None
                       else self._propose(state, i, length, state.stops[choice.arm])
                       for i in (state.routes.get(choice.arm, arm.drafter), *arm.also)]
-            tokens = max(drafts, key=len)  # a pick arm's longest draft (ties: the first); else its one
+            draft = max(drafts, key=lambda d: len(d.tokens))  # a pick arm's longest draft (ties: the first)
         state.pulls[arm.name] += 1
-        state.pending = Pending(choice.arm, arm.name, min(arm.draft_len, budget), len(tokens), self.clock() - start,
-                                choice.key)
-        return tokens
+        lookup = draft.tokens and choice.arm not in self.book.models and arm.stop is None
+        # vLLM does not tell the proposer a request's sampling settings: its drafts are keyed as greedy
+        priced = draft_key(choice.arm, len(draft.tokens), draft.match, state.new_tokens, True) if lookup else None
+        state.pending = Pending(choice.arm, arm.name, min(arm.draft_len, budget), len(draft.tokens),
+                                self.clock() - start, choice.key, priced=priced)
+        return draft.tokens
+
+    def _admit(self, decode: list[tuple[int, RequestState]], drafts: list[list[int]]) -> None:
+        """Cut the step's lookup drafts to the tokens it admits (:func:`~draftwise.decision.pricing.admitted`):
+        every draft token ranked by its predicted chance to be accepted (its draft's conditional
+        acceptances multiplied up to it), and the number of them with the most expected tokens per
+        second of the fitted step (:class:`~draftwise.decision.step_costs.StepShape`) admitted. A
+        lone request drafts as it would alone (optimistic where its drafts are rarely seen); under
+        load a token costs the whole batch its time, so only tokens likely kept go in. Model drafts
+        are admitted whole (their length was priced before they were drafted)."""
+        assert self.acceptance is not None, "drafts are admitted on predicted acceptance"
+        rows = len(decode)
+        optimism = OPTIMISM if rows == 1 else 0.0
+        survivals: list[list[float]] = []
+        fixed = 0  # draft tokens not priced here
+        for row, state in decode:
+            pending, n = state.pending, len(drafts[row])
+            if pending is None or pending.priced is None or n == 0:
+                survivals.append([])
+                fixed += n
+            else:
+                survivals.append(self.acceptance.survival(pending.priced, n, optimism))
+        if not any(survivals):
+            return
+        coef = self.costs.coef
+        keep = admitted(survivals, lambda tokens: StepShape(rows, tokens - rows + fixed, 0.0).cost(coef))
+        for (row, state), k, survival in zip(decode, keep, survivals):
+            if survival and k < len(drafts[row]):
+                drafts[row] = drafts[row][:k]
+                assert state.pending is not None, "a drafted request has its draft pending"
+                state.pending = replace(state.pending, drafted=k)
 
     # -- the batch mode (BanditSpec §6.2) ----------------------------------------------------------
     def _batch_feedback(self, view: BatchView | None, verified: list[tuple[int, RequestState, int]],
@@ -345,7 +388,7 @@ class ProposerCore:
             tokens: list[int] = []
             budget = self._budget(state, length)
             for index in range(len(state.drafters)) if budget else ():
-                tokens = self._propose(state, index, budget)
+                tokens = self._propose(state, index, budget).tokens
                 if tokens:
                     break
             drafts[row] = tokens

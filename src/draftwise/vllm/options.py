@@ -25,7 +25,10 @@ drafted round, as if it had also played ``none``; default true; needs ``time_uni
 ``cap_acceptance`` (the load-aware length cap: every
 draft is cut to the length that would pay most, at the measured step costs, for a drafter accepting
 each token with this probability — 0 under heavy load, where the proposer then skips drafting
-altogether; 0 disables the cap; default 0.9), ``seed``, ``stats_file`` (a JSONL file that gets
+altogether; 0 disables the cap; default 0.9), ``admit`` (default true: each step, the lookup
+drafts' tokens are ranked by their predicted acceptance — learned from every verified draft, by
+how long a stretch the lookup matched — and only as many go to vLLM as pay for the step they
+lengthen, so a loaded batch verifies only the tokens likely kept), ``seed``, ``stats_file`` (a JSONL file that gets
 one line of statistics per finished request), ``log_requests`` (log that line too, default true).
 """
 
@@ -77,6 +80,7 @@ class ProposerOptions:
     time_unit: str = "plain-step"
     free_none: bool = True
     cap_acceptance: float = 0.9
+    admit: bool = True
     seed: int = 0
     stats_file: str = ""
     log_requests: bool = True
@@ -120,7 +124,7 @@ def options_from_mapping(raw: Mapping[str, Any]) -> ProposerOptions:
             if key in values:
                 values[key] = kind(values[key])
         values["batch_lengths"] = tuple(int(x) for x in values.get("batch_lengths", ()))
-        for key in ("load_context", "log_requests", "free_none"):
+        for key in ("load_context", "log_requests", "free_none", "admit"):
             if key in values and not isinstance(values[key], bool):
                 raise TypeError(f"{key} must be true or false")
     except (TypeError, ValueError) as exc:

@@ -30,6 +30,7 @@ class Pending:
     key: Key = None  # the learner's context when it chose
     learner: bool = True  # False: no learner chose (nothing could be drafted) — no feedback
     bucket: int = 0  # the batch mode: the load bucket whose learner chose
+    priced: Key = None  # a lookup's draft: what its acceptance is predicted by (draftwise.decision.pricing)
 
 
 @dataclass
