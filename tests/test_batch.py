@@ -367,6 +367,20 @@ def test_the_load_cap_cuts_drafts_and_stops_them_where_nothing_pays(tiny_models)
             assert {r.arm_name for r in rounds} == {"none"}
 
 
+def test_a_query_alone_in_a_batch_is_not_capped_by_the_load(tiny_models) -> None:
+    """The load cap is for rows other queries wait on: a lane alone drafts as it would alone, where
+    a drafter assumed to accept 1 % of its tokens stops every lane of a batch of three."""
+    gen = _generator(tiny_models, "llama-target", ["pld"], "fixed", arms="pld@8,none")
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
+    session = gen.batch_session(3)
+    session.engine.cap_acceptance = 0.01
+    _measure_draft_cost(session.engine.costs)
+    handle = session.add(prompt, max_new_tokens=24, ignore_eos=True)
+    session.run()
+    assert max(r.drafted for r in handle.result.trace) > 0
+    assert handle.result.token_ids == gen.generate(prompt, max_new_tokens=24, ignore_eos=True).token_ids
+
+
 def test_the_load_cap_waits_until_a_draft_token_cost_is_measured(tiny_models) -> None:
     """A fresh step-cost model knows a draft token's cost only from its prior (a CPU's guess): the cap
     lets drafts through until steps with drafts have measured it — or on a GPU, where drafts are

@@ -300,7 +300,9 @@ class BatchEngine:
         clock = time.perf_counter
         start = clock()
         bucket, forced = self.load_learners.choose(len(lanes)) if self.decide == "batch" else (0, None)
-        limits = self._limits(len(lanes)) if forced is None else NO_LIMITS
+        # A query alone drafts as it would alone: the load's cap is for rows that other queries wait on
+        # (and with one row it never learned a draft token's cost, probing with every other round's draft).
+        limits = self._limits(len(lanes)) if forced is None and len(lanes) > 1 else NO_LIMITS
         self.timing.capped_rounds += limits.cap == 0 and bool(self.book.drafting)
         # While a model drafter's cost is unknown, one lane a round may try it: lanes that start
         # together are copies of one learner and would all pick it in the same round, each
