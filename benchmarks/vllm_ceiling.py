@@ -154,6 +154,9 @@ def main() -> None:
     parser.add_argument("--draftwise-config", default='{"log_requests": false}')
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=JSON")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--target", default="zoo:target",
+                        help="the model vLLM serves: a zoo name, smollm2 (the real target) or a checkpoint folder")
+    parser.add_argument("--split", default="dev", choices=("dev", "test"), help="the zoo split prompts come from")
     parser.add_argument("--prompt-file", default="", metavar="JSONL",
                         help="prompts from this file, not the zoo's dev split")
     parser.add_argument("--out", required=True)
@@ -165,10 +168,11 @@ def main() -> None:
     methods = ["none", *[m for m in args.methods.split(",") if m != "none"]]
     methods = [m for m in methods if vt._available(m)]
     c = args.concurrency
-    warm, slices = vt.prompt_slices(args.prompts, [c], args.seed, args.prompt_file, args.max_tokens)
+    warm, slices = vt.prompt_slices(args.prompts, [c], args.seed, args.prompt_file, args.max_tokens, args.target,
+                                    args.split)
     meter = Meter()
     engines = vt.load_engines({m: spec_for(m, args.k, args.draftwise_config, vt.variants(args.variant))
-                               for m in methods})
+                               for m in methods}, args.target)
     tokenizer = engines["none"].get_tokenizer()
     texts = [vt.chat_text(tokenizer, t) for t in [*warm, *slices[c]]]
     warm_texts, texts = texts[: len(warm)], texts[len(warm) :]
