@@ -1,7 +1,8 @@
 """The arms each driver plays — the single-query engine, the batched engine (per-query and batch-level
 decisions) and the vLLM proposer's core — for fixed seeds and inputs, with timing taken out: rewards
 that count tokens (``length``, ``be``) instead of seconds, a step-cost model with fixed coefficients,
-a model drafter's cost per token fixed, lookup drafts unpriced, and the vLLM proposer on its fake clock.
+a model drafter's cost per token fixed, lookup drafts unpriced (the vLLM proposer's admission by predicted
+acceptance off but in one case, ``admitted``), and the vLLM proposer on its fake clock.
 
 The sequences below are the reference behaviour of the three drivers, which all decide through
 :mod:`draftwise.decision.core`: a change to what any of them decides shows here first.
@@ -126,16 +127,19 @@ def test_the_batched_engine_plays_the_reference_arms(tiny_models, policy, decide
 
 # -- the vLLM proposer -------------------------------------------------------------------------------------
 PROPOSER = {  # options; the digest of every step's draft lengths and every request's pulls; pulls in all
-    "default": (ProposerOptions(log_requests=False),
+    "default": (ProposerOptions(admit=False, log_requests=False),
                 ["a45040d4a4f36894", [("suffix@8", 475)]]),
-    "lookups": (ProposerOptions(drafters=("pld", "suffix"), log_requests=False, seed=2),
+    "lookups": (ProposerOptions(drafters=("pld", "suffix"), admit=False, log_requests=False, seed=2),
                 ["864fa2843c0b5c67", [("pld@8", 437), ("suffix@8", 53)]]),
-    "model": (ProposerOptions(drafters=("suffix", "zoo:generalist"), log_requests=False),
+    "model": (ProposerOptions(drafters=("suffix", "zoo:generalist"), admit=False, log_requests=False),
               ["6df89d0860bc967f", [("generalist@4", 6), ("none", 34), ("suffix@8", 532)]]),
-    "load-context": (ProposerOptions(drafters=("pld", "suffix"), load_context=True, log_requests=False),
+    "load-context": (ProposerOptions(drafters=("pld", "suffix"), load_context=True, admit=False,
+                                    log_requests=False),
                      ["55ac5e91b882fdb0", [("none", 1), ("pld@8", 366), ("suffix@8", 125)]]),
-    "ucb": (ProposerOptions(policy="ucb:reward=throughput,keep=true", drafters=("pld", "suffix"), log_requests=False),
+    "ucb": (ProposerOptions(policy="ucb:reward=throughput,keep=true", drafters=("pld", "suffix"), admit=False,
+                           log_requests=False),
             ["017a1cdc3c430c26", [("none", 1), ("pld@8", 594), ("suffix@8", 3)]]),
+    "admitted": (ProposerOptions(log_requests=False), ["1b437a94d79ed12b", [("suffix@8", 280)]]),
     "batch": (ProposerOptions(mode="batch", batch_lengths=(0, 2, 4, 8), log_requests=False),
               ["e229027d66c894cc", [("len@0", 71), ("len@2", 38), ("len@4", 38), ("len@8", 421)]]),
 }
