@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -53,7 +54,17 @@ import numpy as np
 import torch
 
 from draftwise.decision.arms import Arm
-from draftwise.decision.core import NO_LIMITS, Limits, LoadLearners, arm_book, copy_learner, load_limits, warm_start
+from draftwise.decision.core import (
+    NO_LIMITS,
+    Limits,
+    LoadLearners,
+    arm_book,
+    copy_learner,
+    limits_at,
+    load_limits,
+    model_cap,
+    warm_start,
+)
 from draftwise.decision.pricing import OPTIMISM, DraftAcceptance, Key, RoundPrices, admitted
 from draftwise.decision.routing import PromptFit, RouteMemory
 from draftwise.decision.step_costs import (
@@ -300,9 +311,7 @@ class BatchEngine:
         clock = time.perf_counter
         start = clock()
         bucket, forced = self.load_learners.choose(len(lanes)) if self.decide == "batch" else (0, None)
-        # A query alone drafts as it would alone: the load's cap is for rows that other queries wait on
-        # (and with one row it never learned a draft token's cost, probing with every other round's draft).
-        limits = self._limits(len(lanes)) if forced is None and len(lanes) > 1 else NO_LIMITS
+        limits = self._limits(len(lanes)) if forced is None else NO_LIMITS
         self.timing.capped_rounds += limits.cap == 0 and bool(self.book.drafting)
         # While a model drafter's cost is unknown, one lane a round may try it: lanes that start
         # together are copies of one learner and would all pick it in the same round, each
@@ -431,7 +440,15 @@ class BatchEngine:
         with ``cap_acceptance`` (0 turns the cap off), and where none pays every drafting arm
         blocked; the model-drafter arms blocked when no draft length of theirs pays even for such a
         drafter — a lane's model drafting costs its tokens' verification *and* their forwards, run
-        lane by lane while every row waits."""
+        lane by lane while every row waits.
+
+        A query alone is not capped: no other row waits on its draft (and with one row the cap never
+        learned a draft token's cost, probing with every other round's draft); only its model arms stay
+        blocked where their measured drafting cost rules out every draft of theirs."""
+        if requests == 1:
+            models = model_cap(self.costs, self.book, 1, self.cap_acceptance, self.model_summary) \
+                if self.book.models else sys.maxsize
+            return limits_at(self.book, sys.maxsize, models)
         return load_limits(self.costs, self.book, requests, self.cap_acceptance, summary=self.model_summary)
 
     def _learn_batch(self, bucket: int, arm: int, chains: bool, records: list[RoundRecord],
