@@ -136,19 +136,21 @@ def test_the_lean_llama_layers_compute_what_transformers_layers_compute(zoo_mode
     same rebuilt parts — logits, and the hidden states white-box drafters read."""
     model, _ = zoo_model
     layers = [m for m in model.modules() if type(m).__name__ == "LlamaDecoderLayer"]
-    assert layers and all("forward" in vars(layer) for layer in layers) and "forward" in vars(model)
+    lean_forwards = (*layers, model, model.model)
+    assert layers and all("forward" in vars(module) for module in lean_forwards)
     tokens = list(range(3, 90))
 
-    def run() -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
+    def run() -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor, tuple[torch.Tensor, ...]]:
         lm = CachedLM(model)
         whole = lm.logits(tokens, 4)
-        out = model(input_ids=torch.tensor([tokens[:70]]), attention_mask=chain_mask(0, 70, torch.device("cpu")),
-                    position_ids=torch.arange(70)[None], use_cache=True, cache=PaddedCache(len(layers)),
-                    output_hidden_states=True, logits_to_keep=3)
-        return whole, out.hidden_states, out.logits
+        call = dict(input_ids=torch.tensor([tokens[:70]]), attention_mask=chain_mask(0, 70, torch.device("cpu")),
+                    position_ids=torch.arange(70)[None], use_cache=True, output_hidden_states=True)
+        out = model(**call, cache=PaddedCache(len(layers)), logits_to_keep=3)
+        inner = model.model(**call, cache=PaddedCache(len(layers)))  # a padded batch's: the head applied apart
+        return whole, out.hidden_states, out.logits, (inner.last_hidden_state, *inner.hidden_states)
 
     lean = run()
-    for module in (*layers, model):
+    for module in lean_forwards:
         del module.forward  # transformers' own
     try:
         own = run()
@@ -157,6 +159,8 @@ def test_the_lean_llama_layers_compute_what_transformers_layers_compute(zoo_mode
     assert torch.equal(own[0], lean[0]) and torch.equal(own[2], lean[2])
     assert len(own[1]) == len(lean[1]) == len(layers) + 1
     assert all(torch.equal(a, b) for a, b in zip(own[1], lean[1], strict=True))
+    assert len(own[3]) == len(lean[3]) == len(layers) + 2
+    assert all(torch.equal(a, b) for a, b in zip(own[3], lean[3], strict=True))
 
 
 def test_tiny_gpt2_and_llama_are_exact_in_every_mode(tiny_models) -> None:

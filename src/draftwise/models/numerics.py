@@ -667,35 +667,38 @@ def packs_tokens(model: nn.Module) -> bool:
 
 def lean_layers(model: nn.Module) -> None:
     """Give every transformers ``LlamaDecoderLayer`` of ``model`` its lean forward, and a
-    ``LlamaForCausalLM`` its lean model forward (:func:`lean_causal_lm_forward`)."""
+    ``LlamaForCausalLM`` and its ``LlamaModel`` their lean model forwards (:func:`lean_causal_lm_forward`,
+    :func:`lean_model_forward`: the latter is what a padded batch runs, its head applied apart)."""
     for layer in model.modules():
         if type(layer).__name__ == "LlamaDecoderLayer":
             layer.forward = lean_llama_forward(layer)
     if type(model).__name__ == "LlamaForCausalLM":
         model.forward = lean_causal_lm_forward(model)
+        inner: Any = model.model
+        if type(inner).__name__ == "LlamaModel":
+            inner.forward = lean_model_forward(inner)
 
 
 LEAN_CALL = frozenset({"input_ids", "attention_mask", "position_ids", "cache", "past_key_values", "use_cache",
                        "logits_to_keep", "output_hidden_states"})  # what the engine's forwards pass
 
 
-def lean_causal_lm_forward(model: Any) -> Callable[..., Any]:
-    """A ``LlamaForCausalLM``'s forward for the calls the engine makes (token ids, a prepared 4-D mask,
-    a cache): embeddings, rotary tables, the layers, the final norm and the head on the rows kept,
-    the same operations in the same order as transformers', without its decorators, mask builder and
-    per-module calls. Any other call (transformers' ``generate``, training) goes to its own forward."""
-    from transformers.modeling_outputs import CausalLMOutputWithPast  # with the model: loaded already
+def lean_call(kwargs: dict[str, Any]) -> bool:
+    """Whether a forward's arguments are the engine's (token ids, a prepared 4-D mask, a cache, …)."""
+    mask = kwargs.get("attention_mask")
+    return LEAN_CALL.issuperset(kwargs) and kwargs.get("input_ids") is not None and mask is not None \
+        and mask.dim() == 4
 
-    own = model.forward
-    inner = model.model
+
+def lean_decoder(inner: Any) -> Callable[[dict[str, Any]], tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]]:
+    """A ``LlamaModel``'s work for an engine call: embeddings, rotary tables, the layers and the final
+    norm, the same operations in the same order as transformers'; the final norm's output, and with
+    ``output_hidden_states`` every layer's input then that output (as transformers gives them)."""
     embed, rotary, norm = inner.embed_tokens.forward, inner.rotary_emb.forward, inner.norm.forward
-    layers = [layer.forward for layer in inner.layers[: model.config.num_hidden_layers]]
-    head = model.lm_head.forward
+    layers = [layer.forward for layer in inner.layers[: inner.config.num_hidden_layers]]
 
-    def forward(**kwargs: Any) -> Any:
-        mask = kwargs.get("attention_mask")
-        if not LEAN_CALL.issuperset(kwargs) or kwargs.get("input_ids") is None or mask is None or mask.dim() != 4:
-            return own(**kwargs)
+    def decode(kwargs: dict[str, Any]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        mask = kwargs["attention_mask"]
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         hidden = embed(kwargs["input_ids"])
         positions = kwargs.get("position_ids")
@@ -709,12 +712,47 @@ def lean_causal_lm_forward(model: Any) -> Callable[..., Any]:
                 states.append(hidden)
             hidden = layer(hidden, attention_mask=mask, position_embeddings=tables, cache=cache)
         hidden = norm(hidden)
-        if states is not None:  # as transformers gives them: each layer's input, then the final norm's output
-            states.append(hidden)
+        if states is None:
+            return hidden, None
+        states.append(hidden)
+        return hidden, tuple(states)
+
+    return decode
+
+
+def lean_causal_lm_forward(model: Any) -> Callable[..., Any]:
+    """A ``LlamaForCausalLM``'s forward for the calls the engine makes (:func:`lean_call`): the decoder
+    (:func:`lean_decoder`) and the head on the rows kept, without transformers' decorators, mask
+    builder and per-module calls. Any other call (transformers' ``generate``, training) goes to its own
+    forward."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast  # with the model: loaded already
+
+    own, decode, head = model.forward, lean_decoder(model.model), model.lm_head.forward
+
+    def forward(**kwargs: Any) -> Any:
+        if not lean_call(kwargs):
+            return own(**kwargs)
+        hidden, states = decode(kwargs)
         keep = kwargs.get("logits_to_keep", 0)  # the last ``keep`` rows (0: all), or the rows listed
         logits = head(hidden[:, slice(-keep, None) if isinstance(keep, int) else keep, :])
         # the cache stays the caller's: not handed back (its field's name changes across transformers)
-        return CausalLMOutputWithPast(logits=logits, hidden_states=None if states is None else tuple(states))
+        return CausalLMOutputWithPast(logits=logits, hidden_states=states)
+
+    return forward
+
+
+def lean_model_forward(inner: Any) -> Callable[..., Any]:
+    """A ``LlamaModel``'s forward for the engine's calls (:func:`lean_decoder`); any other call goes to
+    its own forward."""
+    from transformers.modeling_outputs import BaseModelOutputWithPast  # with the model: loaded already
+
+    own, decode = inner.forward, lean_decoder(inner)
+
+    def forward(**kwargs: Any) -> Any:
+        if not lean_call(kwargs):
+            return own(**kwargs)
+        hidden, states = decode(kwargs)
+        return BaseModelOutputWithPast(last_hidden_state=hidden, hidden_states=states)
 
     return forward
 
