@@ -342,8 +342,8 @@ class ProposerCore:
                 survivals.append(self.acceptance.survival(pending.priced, n, optimism))
         if not any(survivals):
             return
-        coef = self.costs.coef
-        keep = admitted(survivals, lambda tokens: StepShape(rows, tokens - rows + fixed, 0.0).cost(coef))
+        a, b, c = self.costs.coef[:3]  # the fitted step a + b·R + c·D (a slot is one more draft token)
+        keep = admitted(survivals, lambda tokens: a + b * rows + c * (tokens - rows + fixed))
         for (row, state), k, survival in zip(decode, keep, survivals):
             if survival and k < len(drafts[row]):
                 drafts[row] = drafts[row][:k]
