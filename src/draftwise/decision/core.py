@@ -144,13 +144,15 @@ def limits_at(book: ArmBook, cap: int, models_cap: int, trim_models: bool = Fals
 
 
 def load_limits(costs: StepCostModel, book: ArmBook, requests: int, acceptance: float, *, longest: int | None = None,
-                trim_models: bool = False, summary: Callable[[Sequence[float]], float] = statistics.fmean) -> Limits:
+                trim_models: bool = False, summary: Callable[[Sequence[float]], float] = statistics.fmean,
+                capped: bool = True) -> Limits:
     """The limits of a round of ``requests`` queries: every draft cut to the length that pays most
-    at this load for a drafter accepting each token with probability ``acceptance`` (0: no cap;
-    :meth:`~draftwise.decision.step_costs.StepCostModel.cap`, weighing lengths up to ``longest``, by
-    default the longest arm's; it probes while a draft token's cost is unknown), the model arms
-    blocked where none of their drafts pays (:func:`model_cap`); see :func:`limits_at`."""
-    if acceptance <= 0:
+    at this load for a drafter accepting each token with probability ``acceptance`` (0, or
+    ``capped`` False: no cap; :meth:`~draftwise.decision.step_costs.StepCostModel.cap`, weighing
+    lengths up to ``longest``, by default the longest arm's; it probes while a draft token's cost is
+    unknown), the model arms blocked where none of their drafts pays (:func:`model_cap`); see
+    :func:`limits_at`."""
+    if acceptance <= 0 or not capped:
         cap = sys.maxsize
     else:
         cap = costs.cap(requests, book.longest if longest is None else longest, acceptance)

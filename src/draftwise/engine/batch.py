@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -54,17 +53,7 @@ import numpy as np
 import torch
 
 from draftwise.decision.arms import Arm
-from draftwise.decision.core import (
-    NO_LIMITS,
-    Limits,
-    LoadLearners,
-    arm_book,
-    copy_learner,
-    limits_at,
-    load_limits,
-    model_cap,
-    warm_start,
-)
+from draftwise.decision.core import NO_LIMITS, Limits, LoadLearners, arm_book, copy_learner, load_limits, warm_start
 from draftwise.decision.pricing import OPTIMISM, DraftAcceptance, Key, RoundPrices, admitted
 from draftwise.decision.routing import PromptFit, RouteMemory
 from draftwise.decision.step_costs import (
@@ -445,11 +434,8 @@ class BatchEngine:
         A query alone is not capped: no other row waits on its draft (and with one row the cap never
         learned a draft token's cost, probing with every other round's draft); only its model arms stay
         blocked where their measured drafting cost rules out every draft of theirs."""
-        if requests == 1:
-            models = model_cap(self.costs, self.book, 1, self.cap_acceptance, self.model_summary) \
-                if self.book.models else sys.maxsize
-            return limits_at(self.book, sys.maxsize, models)
-        return load_limits(self.costs, self.book, requests, self.cap_acceptance, summary=self.model_summary)
+        return load_limits(self.costs, self.book, requests, self.cap_acceptance, summary=self.model_summary,
+                           capped=requests > 1)
 
     def _learn_batch(self, bucket: int, arm: int, chains: bool, records: list[RoundRecord],
                      overhead_s: float) -> None:

@@ -51,7 +51,7 @@ from draftwise.trace import RoundRecord
 from draftwise.vllm.batch_view import BatchView
 from draftwise.vllm.options import ProposerOptions
 from draftwise.vllm.pool import build_templates, default_arms, make_arms, stop_rules
-from draftwise.vllm.requests import Pending, RequestState, match_rows
+from draftwise.vllm.requests import Pending, RequestState, accepted_of, match_rows
 
 log = logging.getLogger("draftwise.vllm")
 
@@ -249,7 +249,7 @@ class ProposerCore:
         if pending is None or not pending.learner:
             return
         if pending.priced is not None and self.acceptance is not None:
-            self.acceptance.observe(pending.priced, drafted, max(0, min(emitted - 1, drafted)))
+            self.acceptance.observe(pending.priced, drafted, accepted_of(emitted, drafted))
         if pending.arm in self.book.models:  # what its drafting cost a token (a draft cut to 0 still paid)
             self.costs.model_token_s.append(pending.draft_s / max(pending.drafted, 1))
         if shape is None:
@@ -324,7 +324,7 @@ class ProposerCore:
         """Cut the step's lookup drafts to the tokens it admits (:func:`~draftwise.decision.pricing.admitted`):
         every draft token ranked by its predicted chance to be accepted (its draft's conditional
         acceptances multiplied up to it), and the number of them with the most expected tokens per
-        second of the fitted step (:class:`~draftwise.decision.step_costs.StepShape`) admitted. A
+        second of the fitted step a + b·R + c·D admitted. A
         lone request drafts as it would alone (optimistic where its drafts are rarely seen); under
         load a token costs the whole batch its time, so only tokens likely kept go in. Model drafts
         are admitted whole (their length was priced before they were drafted)."""

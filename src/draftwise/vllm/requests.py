@@ -18,6 +18,12 @@ from draftwise.decision import Key, QueryDecider
 from draftwise.trace import RoundRecord
 
 
+def accepted_of(emitted: int, drafted: int) -> int:
+    """Draft tokens accepted when vLLM emitted ``emitted`` tokens for a draft of ``drafted`` (the
+    accepted part, then one target token)."""
+    return max(0, min(emitted - 1, drafted))
+
+
 @dataclass
 class Pending:
     """The draft a request proposed last step, waiting for vLLM's verdict."""
@@ -60,7 +66,7 @@ class RequestState:
 
     def record(self, pending: Pending, emitted: int, drafted: int, verify: float, draft: float) -> RoundRecord:
         """The round record of the draft proposed last step, now that vLLM emitted ``emitted`` tokens."""
-        accepted = max(0, min(emitted - 1, drafted))
+        accepted = accepted_of(emitted, drafted)
         return RoundRecord(
             index=self.rounds, arm=pending.arm, arm_name=pending.arm_name, max_draft=pending.max_draft,
             drafted=drafted, accepted=accepted, emitted=emitted, position=self.new_tokens - emitted,
@@ -72,7 +78,7 @@ class RequestState:
         self.steps += 1
         self.emitted += emitted
         self.drafted += drafted
-        self.accepted += max(0, min(emitted - 1, drafted))
+        self.accepted += accepted_of(emitted, drafted)
 
     def stats(self) -> dict[str, Any]:
         """What a user reads per request: pulls per arm, MAT, acceptance."""
