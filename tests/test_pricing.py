@@ -99,3 +99,31 @@ def test_drafts_are_cut_where_verifying_them_costs_more_than_they_keep(home) -> 
     fixed = Generator.from_pretrained("zoo:target", ["pld"], policy="fixed:pld@8", arms="pld@8,none",
                                       numerics="float32")
     assert fixed.engine.pricing is None  # a fixed configuration drafts as configured
+
+
+def test_a_loaded_batch_decodes_plainly_where_drafting_does_not_pay(home) -> None:
+    """Where, at a load, the tokens a batch admits have earned less than its lanes' drafting and
+    choosing took, its rounds there decode plainly — no lookup, no learner — but for every 8th,
+    which keeps measuring; where drafting has paid, they draft. Exact either way, and a lane's
+    learner hears only the rounds it chose."""
+    plain = Generator.from_pretrained("zoo:target", [], policy="fixed", numerics="float32")
+    prompts = [REPEATING, REPEATING[::-1], REPEATING[5:]]
+    reference = [r.token_ids for r in plain.generate_batch(prompts, max_new_tokens=48, batch_size=3, ignore_eos=True)]
+    gen = Generator.from_pretrained("zoo:target", ["pld", "suffix"], numerics="float32")
+    for earned, gated in ((0.0, True), (1.0, False)):
+        session = gen.batch_session(3)
+        gate = session.engine.gate
+        assert gate is not None  # an exact target that packs its rows, a priced learner with a `none` arm
+        for _ in range(gate.need):
+            gate.observe(3, earned_s=earned, spent_s=1e-3)
+        handles = [session.add(p, max_new_tokens=48, ignore_eos=True) for p in prompts]
+        session.run()
+        assert [h.result.token_ids for h in handles] == reference
+        timing, traces = session.engine.timing, [h.result.trace for h in handles]
+        if gated:
+            assert timing.gated_rounds >= timing.rounds - timing.rounds // gate.explore - 2  # the tail: fewer rows
+            heard = [sum(r.reward is not None for r in trace) for trace in traces]
+            assert max(heard) <= timing.rounds - timing.gated_rounds
+        else:
+            assert timing.gated_rounds == 0
+            assert sum(r.drafted for trace in traces for r in trace) > 0

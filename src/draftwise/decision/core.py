@@ -42,10 +42,12 @@ Heard = tuple[Key, int, RoundRecord]  # a round as a learner heard it: context, 
 
 @dataclass(frozen=True)
 class Choice:
-    """The arm a round plays and the context it was chosen in."""
+    """The arm a round plays and the context it was chosen in; ``heard`` False: a round the driver
+    played without the learner, which does not learn it."""
 
     arm: int
     key: Key = None
+    heard: bool = True
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,8 @@ class QueryDecider:
         """The played round's outcome. A bandit learner hears it now (the reward comes back and is
         set on the record); a full-information learner hears it from the evaluation phase, which
         first scores every arm on the round (:mod:`draftwise.engine.evaluation`)."""
+        if not choice.heard:
+            return None
         if self.history is not None:
             # a copy: a driver may charge the record later (round 1's prompt prefill), which the
             # learner never heard and a replay must not either

@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Sequence
 
+from draftwise.decision.step_costs import load_bucket
+
 LONGEST = 16  # positions tracked; later ones share the last one's estimate
 OPENING = 16  # answer tokens whose rounds are judged apart: lookups rarely match there
 PRIOR = 0.7  # a draft token's acceptance before any is seen, worth PRIOR_WEIGHT verdicts
@@ -216,3 +218,61 @@ def priced_length(survival: Sequence[float], cost: Callable[[int], float], min_g
         if rate > best_rate:
             best, best_rate = length, rate
     return best
+
+
+GATE_FADE = 0.9  # per measured round of a load: what drafting earns there follows the answers in the batch
+GATE_EXPLORE = 8  # a closed load still drafts every 8th round, so what drafting earns keeps being measured
+GATE_NEED = 4  # measured rounds of a load before it may close
+
+
+class DraftGate:
+    """Whether a loaded batch's queries draft at all this round. Drafting is work every query does
+    before the forward — its lookups, its learner's choice and update — and under load the forward
+    admits few of its tokens (one more row costs nearly a plain row's share: an accepted token earns
+    a few percent at most), so there the work can cost more than the tokens it earns. Per load (the
+    rows' :func:`~draftwise.decision.step_costs.load_bucket`), a fading mean of each measured round's
+    net seconds — its accepted tokens at a plain row's share of the forward, less what its admitted
+    tokens added to the forward and what the drafting took — says whether drafting pays; where it does
+    not, the queries decode plainly, except every ``explore``-th round of that load.
+
+    >>> gate = DraftGate(need=2, explore=4)
+    >>> gate.opens(8)
+    True
+    >>> for _ in range(2):
+    ...     gate.observe(8, earned_s=0.001, spent_s=0.002)
+    >>> [gate.opens(8) for _ in range(4)], gate.opens(2)  # closed at 8 rows but for its explorations
+    ([False, False, False, True], True)
+    """
+
+    def __init__(self, fade: float = GATE_FADE, explore: int = GATE_EXPLORE, need: int = GATE_NEED) -> None:
+        self.fade, self.explore, self.need = fade, explore, need
+        self.net: dict[int, float] = {}  # load → fading sum of net seconds (its sign: the mean's)
+        self.seen: dict[int, int] = {}
+        self.closed: dict[int, int] = {}  # load → rounds asked while closed
+
+    def opens(self, rows: int) -> bool:
+        """Whether the queries of a round of ``rows`` rows draft."""
+        load = load_bucket(rows)
+        if self.seen.get(load, 0) < self.need or self.net[load] >= 0:
+            return True
+        asked = self.closed[load] = self.closed.get(load, 0) + 1
+        return asked % self.explore == 0
+
+    def observe(self, rows: int, earned_s: float, spent_s: float) -> None:
+        """One drafting round of ``rows`` rows: the forward seconds its accepted tokens saved net of
+        its admitted tokens' cost (``earned_s``), and its drafting's seconds (``spent_s``)."""
+        load = load_bucket(rows)
+        self.net[load] = self.fade * self.net.get(load, 0.0) + earned_s - spent_s
+        self.seen[load] = self.seen.get(load, 0) + 1
+
+
+def earned_seconds(prices: Callable[[int], float], rows: int, admitted_tokens: int, accepted: int) -> float:
+    """The forward seconds a batch round's drafts earned: each accepted token at a plain row's share
+    of a plain forward, less what its ``admitted_tokens`` added to the forward (``prices(n)``: a
+    forward over n tokens).
+
+    >>> round(earned_seconds(lambda n: 0.004 * n, rows=8, admitted_tokens=2, accepted=1), 6)
+    -0.004
+    """
+    plain = prices(rows)
+    return accepted * plain / rows - (prices(rows + admitted_tokens) - plain)

@@ -54,7 +54,7 @@ import torch
 
 from draftwise.decision.arms import Arm
 from draftwise.decision.core import NO_LIMITS, Limits, LoadLearners, arm_book, copy_learner, load_limits, warm_start
-from draftwise.decision.pricing import OPTIMISM, DraftAcceptance, Key, RoundPrices, admitted
+from draftwise.decision.pricing import OPTIMISM, DraftAcceptance, DraftGate, Key, RoundPrices, admitted, earned_seconds
 from draftwise.decision.routing import PromptFit, RouteMemory
 from draftwise.decision.step_costs import (
     MODEL_COST_KNOWN,
@@ -97,6 +97,7 @@ class BatchTiming:
     sample_s: float = 0.0
     width_cuts: int = 0  # rounds whose drafts were cut: to a narrower padded width, or slot by slot (per-query)
     capped_rounds: int = 0  # rounds in which the load cap let no lane draft (per-query decisions)
+    gated_rounds: int = 0  # rounds in which no lane drafted or chose, drafting not paying at that load
 
     @property
     def bookkeeping_s(self) -> float:
@@ -164,6 +165,11 @@ class BatchEngine:
         # (0.84× plain decoding; 1.17× once measured). Under load they are blocked for every lane
         # (``_limits``).
         self.book = arm_book(self.arms, self.pool.templates, policy.needs.context_on)
+        # … and where, at a load, what the admitted tokens earn does not pay for the lanes' drafting
+        # and choosing, the lanes decode plainly (every lane's lookups and learner cost ≈ 0.1 ms a
+        # round here: 2–3 % of a round of 8 rows, which on answers unlike their prompts earn less)
+        self.gate = DraftGate() if self.acceptance is not None and self.target.packs and self.book.none is not None \
+            and not policy.needs.full_information else None
         self.mean_model_cost = True  # off: the median of recent plays, which leaves first plays out (A/B switch)
         self.longest_draft = self.book.longest
         self.fast_drafters = fast_drafters
@@ -308,7 +314,11 @@ class BatchEngine:
         scout = self.scout_models and forced is None and len(lanes) > 1 and len(self.model_token_s) < MODEL_COST_KNOWN
         plans = []
         models = self.book.models
-        for lane in lanes:
+        gated = forced is None and self.gate is not None and len(lanes) > 1 and not self.gate.opens(len(lanes))
+        if gated:
+            self.timing.gated_rounds += 1
+            plans = [lane.engine.plain_plan(lane.query) for lane in lanes]
+        for lane in lanes if not gated else ():
             self.pool.refresh(lane.engine.drafters)
             plan = lane.engine.plan(lane.query, forced, limits=limits)
             if scout and plan.arm in models:
@@ -320,7 +330,7 @@ class BatchEngine:
             and self.acceptance is not None
         # per-query lanes: the padded width is theirs (once a draft token's cost is measured)
         measure = forced is None and self.cut_width and chains and self.costs.draft_cost_known and not admit
-        if admit:
+        if admit and not gated:
             plans = self._admit(lanes, plans)
         elif measure:
             plans = self._cut_to_width(plans)
@@ -361,6 +371,11 @@ class BatchEngine:
             records.append(record)
         if measure or admit:
             self.survival.observe([(r.drafted, r.accepted) for r in records])
+        prices = self.prices
+        if admit and not gated and self.gate is not None and prices is not None and len(lanes) > 1:
+            spent = sum(plan.draft_s for plan in plans) + sum(r.policy_s + r.eval_s for r in records)
+            self.gate.observe(len(lanes), earned_seconds(lambda n: prices.seconds(n - 1), len(lanes), sum(fed),
+                                                         sum(r.accepted for r in records)), spent)
         timing = self.timing
         if forced is not None:
             learned = clock()

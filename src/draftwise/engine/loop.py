@@ -240,6 +240,13 @@ class Engine:
             draft, noises = self._price(draft, noises, priced)
         return Planned(choice, draft, budget, t1 - t0 - lookup_s, time.perf_counter() - t1 + lookup_s, noises, priced)
 
+    def plain_plan(self, query: QueryState) -> Planned:
+        """A round of ``none`` without drafting or choosing, which the learner does not hear (a
+        loaded batch's round in which drafting does not pay: :class:`~draftwise.decision.pricing.DraftGate`)."""
+        assert self.book.none is not None and not self.needs.full_information
+        query.dctx.position = len(query.context)
+        return Planned(Choice(self.book.none, heard=False), Draft([]), 0, 0.0, 0.0)
+
     def target_input(self, query: QueryState, draft: Draft) -> Any:
         """The round's forward for a batched target row (:class:`~draftwise.models.batched_lm.RowLM`)."""
         if draft.parents is None:
