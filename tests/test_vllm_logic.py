@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from draftwise.decision.core import Limits, limits_at, model_cap
-from draftwise.decision.step_costs import StepCostModel, StepShape, attribute, length_cap
+from draftwise.decision.step_costs import StepCostModel, StepShape, attribute, length_cap, load_bucket
 from draftwise.errors import DraftwiseError
 from draftwise.policies.contextual import contextual_spec
 from draftwise.vllm.batch_view import BatchView, read_view
@@ -41,8 +41,9 @@ def continuation(seed: int, n: int) -> list[int]:
 
 
 def serve(core: ProposerCore, clock: Clock, batch: int, n_req: int = 16, new: int = 48, *, with_view: bool = True,
-          shuffle: bool = False, first: int = 0) -> tuple[float, dict[str, list[int]]]:
-    """Run ``n_req`` requests, at most ``batch`` at a time; returns tokens/s and the outputs."""
+          shuffle: bool = False, first: int = 0, jump: float = 0.0) -> tuple[float, dict[str, list[int]]]:
+    """Run ``n_req`` requests, at most ``batch`` at a time; returns tokens/s and the outputs. ``jump``:
+    seconds a step with any draft tokens costs beyond them."""
     rng = np.random.default_rng(first)
     queue = list(range(first, first + n_req))
     active: list[dict] = []
@@ -67,7 +68,7 @@ def serve(core: ProposerCore, clock: Clock, batch: int, n_req: int = 16, new: in
             drafted_total += len(d)
             r["n"] += len(emitted)
             sampled.append(emitted)
-        clock.t += COST[0] + COST[1] * len(active) + COST[2] * drafted_total
+        clock.t += COST[0] + COST[1] * len(active) + COST[2] * drafted_total + (jump if drafted_total else 0.0)
         tokens = np.zeros((len(active), 1024), dtype=np.int64)
         for k, r in enumerate(active):
             tokens[k, : r["n"]] = r["seq"][: r["n"]]
@@ -418,3 +419,24 @@ def test_admission_can_be_turned_off():
     core, _ = make(ProposerOptions(admit=False, log_requests=False))
     assert core.acceptance is None
     assert load_options({ENV_VAR: '{"admit": false}'}).admit is False
+
+
+def test_under_load_drafting_stops_where_drafting_steps_emit_less_than_plain_ones():
+    """At 16 requests a draft token here costs 2.5 rows' plain step and a lookup's tokens are kept
+    60 % of the time: drafting steps, measured against plain ones at the same load, emit less for
+    their time, and the loaded steps then mostly stay plain. At 2 requests drafting pays, and goes on."""
+    def run(gate: bool, batch: int) -> tuple[float, ProposerCore]:
+        core, clock = make(ProposerOptions(gate=gate, log_requests=False))
+        return serve(core, clock, batch=batch, n_req=48, new=96)[0], core
+
+    plain = plain_rate(16, n_req=48, new=96)
+    gated, core = run(True, 16)
+    ungated, _ = run(False, 16)
+    assert ungated < 0.92 * plain  # what drafting costs here
+    assert gated > 0.95 * plain and gated > 1.05 * ungated
+    assert core.gate is not None and core.gate.net[load_bucket(16)] < 0
+    gated, core = run(True, 2)
+    ungated, _ = run(False, 2)
+    assert gated > 1.2 * plain_rate(2, n_req=48, new=96) and gated > 0.98 * ungated
+    assert core.gate is not None and core.gate.net[load_bucket(2)] > 0
+    assert load_options({ENV_VAR: '{"gate": false}'}).gate is False

@@ -403,3 +403,54 @@ class PlainRounds:
 
     def seconds(self) -> float | None:
         return statistics.median(self.times) if len(self.times) >= self.need else None
+
+
+PLAIN_NEED = 4  # plain steps measured at a load before its rate counts
+PLAIN_EVERY = 32  # one step of a load in this many kept plain, so that its rate stays measured
+PLAIN_FADE = 0.9  # per plain step of a load
+
+
+class PlainRate:
+    """Tokens per second of steps without drafts, per load (:func:`load_bucket` of the requests
+    decoding), from fading sums of their tokens and seconds. Where a step's cost cannot be priced
+    reliably (vLLM's, whose draft tokens always come with the rows that drafted them, so a fit
+    cannot tell a draft token's cost from a row's), this is what a drafting step is measured against:
+    it earned ``tokens / rate`` seconds of plain decoding in the seconds it took. Plain steps come
+    by themselves (a load cap's probes alternate with them, an admission may cut every draft); a
+    driver also keeps every ``every``-th step of a load plain (``due``), so that it stays measured.
+
+    >>> plain = PlainRate(need=2, every=4)
+    >>> plain.observe(8, tokens=8, seconds=0.04)
+    >>> plain.rate(8), [plain.due(8) for _ in range(4)]
+    (None, [False, False, False, True])
+    >>> plain.observe(9, tokens=9, seconds=0.05)
+    >>> round(plain.rate(8), 1)
+    188.4
+    """
+
+    def __init__(self, need: int = PLAIN_NEED, every: int = PLAIN_EVERY, fade: float = PLAIN_FADE) -> None:
+        self.need, self.every, self.fade = need, every, fade
+        self.tokens: dict[int, float] = {}
+        self.seconds: dict[int, float] = {}
+        self.seen: dict[int, int] = {}
+        self.asked: dict[int, int] = {}
+
+    def due(self, requests: int) -> bool:
+        """Whether a step of ``requests`` requests is kept plain, to measure the rate."""
+        load = load_bucket(requests)
+        asked = self.asked[load] = self.asked.get(load, 0) + 1
+        return asked % self.every == 0
+
+    def observe(self, requests: int, tokens: int, seconds: float) -> None:
+        """One measured step without drafts: the ``tokens`` its requests emitted in ``seconds``."""
+        load = load_bucket(requests)
+        self.tokens[load] = self.fade * self.tokens.get(load, 0.0) + tokens
+        self.seconds[load] = self.fade * self.seconds.get(load, 0.0) + seconds
+        self.seen[load] = self.seen.get(load, 0) + 1
+
+    def rate(self, requests: int) -> float | None:
+        """Tokens per second of a plain step at this load (None until ``need`` are measured)."""
+        load = load_bucket(requests)
+        if self.seen.get(load, 0) < self.need:
+            return None
+        return self.tokens[load] / self.seconds[load]

@@ -42,7 +42,8 @@ from draftwise.decision import (
     routed_drafter,
     warm_start,
 )
-from draftwise.decision.pricing import OPTIMISM, DraftAcceptance, admitted, draft_key
+from draftwise.decision.pricing import OPTIMISM, DraftAcceptance, DraftGate, admitted, draft_key
+from draftwise.decision.step_costs import PlainRate
 from draftwise.drafters import Draft, DraftContext
 from draftwise.drafters.pool import DrafterPool
 from draftwise.errors import DraftwiseError
@@ -69,6 +70,7 @@ class EngineFacts:
 
 
 PLAIN_STEP = 1.0  # what a step without speculation costs in plain-step time
+GATE_EXPLORE = 16  # a load where drafting does not pay still drafts one step in 16, to keep measuring
 
 
 class ProposerCore:
@@ -106,6 +108,14 @@ class ProposerCore:
         # each lookup draft's tokens' acceptance, predicted before the step and learned from every
         # verified draft, kept across requests: what the step admits of each draft (``admit``)
         self.acceptance = DraftAcceptance() if options.admit else None
+        # whether a loaded step drafts at all (``gate``): a drafting step's tokens against what
+        # plain steps at that load, measured, emit in the same time — the proposer's lookups and
+        # learners included, and whatever a drafted step costs vLLM beyond its tokens (on a 2-core
+        # CPU at 32 requests, never-rejected drafts cut to what the target accepts still ran 0.94×
+        # no speculation), which no fit of the step's cost over its rows and draft tokens told apart
+        self.gate = DraftGate(explore=GATE_EXPLORE) if options.gate else None
+        self.plain = PlainRate()
+        self.last_load = 0  # decoding requests when the step just verified was proposed
 
     # -- set-up ------------------------------------------------------------------------------
     def _init_batch(self) -> None:
@@ -151,13 +161,40 @@ class ProposerCore:
         else:
             for row, state, drafted in verified:
                 self._feedback(state, len(sampled[row]), drafted, shape if live else None)
+            if live and shape is not None and elapsed is not None:
+                self._measure(verified, sampled, elapsed - self.costs.coef[3] * shape.prompt_tokens)
             limits = self._limits(len(decode))
             load = len(decode) if self.options.load_context else None
+            drafting = limits.cap > 0 and self._drafts(len(decode))
             for row, state in decode:
-                drafts[row] = self._draft(state, limits, load) if limits.cap else []
-            if self.acceptance is not None and self.costs.draft_cost_known:
+                drafts[row] = self._draft(state, limits, load) if drafting else []
+            if drafting and self.acceptance is not None and self.costs.draft_cost_known:
                 self._admit(decode, drafts)
+            self.last_load = len(decode)
         return drafts
+
+    def _drafts(self, requests: int) -> bool:
+        """Whether this step's requests draft: a lone request always does; under load a step is kept
+        plain while the plain steps' rate is due to be measured, and where drafting has not paid."""
+        if self.gate is None or requests <= 1:
+            return True
+        return not self.plain.due(requests) and self.gate.opens(requests)
+
+    def _measure(self, verified: list[tuple[int, RequestState, int]], sampled: Sequence[Sequence[int]],
+                 seconds: float) -> None:
+        """The step just verified, for the gate (``seconds``: since the previous step began, the
+        proposer's work included, its prompt tokens' fitted cost left out): a plain step measures the
+        plain rate at its load; a drafting one earned its tokens' time at that rate."""
+        requests = self.last_load
+        if self.gate is None or requests <= 1 or seconds <= 0 or not verified:
+            return
+        tokens = sum(len(sampled[row]) for row, _, _ in verified)
+        if not any(drafted for _, _, drafted in verified):
+            self.plain.observe(requests, tokens, seconds)
+            return
+        rate = self.plain.rate(requests)
+        if rate is not None:
+            self.gate.observe(requests, earned_s=tokens / rate, spent_s=seconds)
 
     def _shape(self, view: BatchView | None, ids: Sequence[str], sampled: Sequence[Sequence[int]],
                elapsed: float | None) -> StepShape | None:

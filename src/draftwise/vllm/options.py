@@ -28,7 +28,10 @@ each token with this probability — 0 under heavy load, where the proposer then
 altogether; 0 disables the cap; default 0.9), ``admit`` (default true: each step, the lookup
 drafts' tokens are ranked by their predicted acceptance — learned from every verified draft, by
 how long a stretch the lookup matched — and only as many go to vLLM as pay for the step they
-lengthen, so a loaded batch verifies only the tokens likely kept), ``seed``, ``stats_file`` (a JSONL file that gets
+lengthen, so a loaded batch verifies only the tokens likely kept), ``gate`` (default true: under load, a step's
+requests draft only where drafting steps have emitted more tokens for their time than plain steps at
+that load, both measured — one step in 16 still drafts, and one in 32 stays plain, to keep
+measuring; a lone request always drafts), ``seed``, ``stats_file`` (a JSONL file that gets
 one line of statistics per finished request), ``log_requests`` (log that line too, default true).
 """
 
@@ -81,6 +84,7 @@ class ProposerOptions:
     free_none: bool = True
     cap_acceptance: float = 0.9
     admit: bool = True
+    gate: bool = True
     seed: int = 0
     stats_file: str = ""
     log_requests: bool = True
@@ -124,7 +128,7 @@ def options_from_mapping(raw: Mapping[str, Any]) -> ProposerOptions:
             if key in values:
                 values[key] = kind(values[key])
         values["batch_lengths"] = tuple(int(x) for x in values.get("batch_lengths", ()))
-        for key in ("load_context", "log_requests", "free_none", "admit"):
+        for key in ("load_context", "log_requests", "free_none", "admit", "gate"):
             if key in values and not isinstance(values[key], bool):
                 raise TypeError(f"{key} must be true or false")
     except (TypeError, ValueError) as exc:
