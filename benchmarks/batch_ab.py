@@ -15,7 +15,9 @@
 - ``METHOD~median``: ``mean_model_cost`` (a model arm's cost per token is the median of its recent
   rounds, not their mean: lanes' first plays left out);
 - ``METHOD~ownmodelcost``: each session measures a model drafter's token cost afresh, instead of
-  sharing it with the generator's other sessions (its step costs).
+  sharing it with the generator's other sessions (its step costs);
+- ``METHOD~nogate``: ``gate`` (every round drafts, also at a load where what the admitted tokens
+  earn has not paid for the lanes' drafting and choosing).
 
 The latest A/B of each: BENCHMARKS.md, "Batched engine".
 
@@ -41,7 +43,7 @@ from draftwise.engine import batch
 SWITCHES = {"~nocut": "cut_width", "~rowprefill": "share_prefill", "~noscout": "scout_models",
             "~grow": "reserve_at_join", "~nocap": "cap_acceptance", "~nocredit": "credit_plain",
             "~nomodels": "models", "~trustprior": "probe", "~median": "mean_model_cost",
-            "~ownmodelcost": "shared_model_cost"}
+            "~ownmodelcost": "shared_model_cost", "~nogate": "gate"}
 _off: set[str] = set()  # the switches the running method turns off
 _init = batch.BatchEngine.__init__
 _build = batched.build_runner
@@ -60,8 +62,10 @@ class _TrustPrior(StepCostModel):
 
 def _engine_init(self: Any, *args: Any, **kwargs: Any) -> None:
     _init(self, *args, **kwargs)
-    for attribute in _off - {"models", "probe", "shared_model_cost"}:
+    for attribute in _off - {"models", "probe", "shared_model_cost", "gate"}:
         setattr(self, attribute, False)
+    if "gate" in _off:
+        self.gate = None
     if "shared_model_cost" in _off:
         self.model_token_s = deque(maxlen=self.model_token_s.maxlen)
     if "probe" in _off:

@@ -143,6 +143,7 @@ def engine_runner(generator: Any, decide: str = "query", adapt: bool = True) -> 
             "bookkeeping_s": timing.bookkeeping_s, "policy_s": timing.policy_s, "sample_s": timing.sample_s,
             "width_cuts": timing.width_cuts,
             "capped_rounds": timing.capped_rounds,
+            "gated_rounds": timing.gated_rounds,
             "kv_bytes": session.engine.target.kv_bytes(),
             "pulls": pulls,
         }
