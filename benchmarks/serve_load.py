@@ -6,9 +6,9 @@ warmed up; then, level by level and repeat by repeat, each setting in turn (the 
 keeps that many streamed chat requests in flight until ``--requests`` have finished, so a drifting
 machine slows every setting of a level alike (run one after the other, a level once moved 7 %
 between two runs of one setting). No prompt is sent twice to one server (the suffix drafter would
-find its earlier answer): every level and repeat has its own prompts, and every setting gets the
-same prompts in the same order; every answer is greedy and checked equal to the first setting's
-answer to the same prompt. Besides each run's row, each level's throughput and p99 latency are
+find its earlier answer): every level and repeat has its own prompts (the domains taken in turn),
+and every setting gets the same prompts in the same order; every answer is greedy and checked
+equal to the first setting's answer to the same prompt. Besides each run's row, each level's throughput and p99 latency are
 given as ratios to the baseline setting's in the same repeat (mean ± std over the repeats).
 
     python benchmarks/serve_load.py                                        # smollm2, zoo:test prompts
@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/common.py, also when loaded by path
 from common import rotated
 
+from draftwise.bench.batched import interleave_domains
 from draftwise.bench.datasets import PromptRequest, load_prompt_sources
 
 SETTINGS = "default=;none=--policy fixed --arms none;suffix@8=--policy fixed --arms suffix@8"
@@ -156,7 +157,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--baseline", default="", help="the setting the ratios are taken to (default: none, if given)")
     args = parser.parse_args()
-    prompts = [p.text for p in load_prompt_sources(args.data.split(","), PromptRequest(per_domain=args.per_domain))]
+    loaded = load_prompt_sources(args.data.split(","), PromptRequest(per_domain=args.per_domain))
+    prompts = [loaded[i].text for i in interleave_domains(loaded)]  # every level a mix of the domains
     levels = [int(n) for n in args.levels.split(",")]
     batches: dict[tuple[int, int], list[str]] = {}  # (level, repeat) → its own prompts, after the warm-up's
     start = args.warmup
