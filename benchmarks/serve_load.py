@@ -8,8 +8,9 @@ machine slows every setting of a level alike (run one after the other, a level o
 between two runs of one setting). No prompt is sent twice to one server (the suffix drafter would
 find its earlier answer): every level and repeat has its own prompts (the domains taken in turn),
 and every setting gets the same prompts in the same order; every answer is greedy and checked
-equal to the first setting's answer to the same prompt. Besides each run's row, each level's throughput and p99 latency are
-given as ratios to the baseline setting's in the same repeat (mean ± std over the repeats).
+equal to the first setting's answer to the same prompt. Besides each run's row, each level's
+throughput and p99 latency are given as ratios to the baseline setting's in the same repeat (mean
+± std over the repeats).
 
     python benchmarks/serve_load.py                                        # smollm2, zoo:test prompts
     python benchmarks/serve_load.py --levels 1,4,8,16 --settings "default=;none=--policy fixed --arms none" \
