@@ -25,6 +25,12 @@ Greedy rounds follow the answer whatever they draft, so any policy's rounds can 
 - causal rules (:class:`Rule`): the suffix drafter's proposal when it has at least m tokens, else the
   causal LM while its confidence stays ≥ h, up to L tokens; every (m, h, L) of a grid.
 
+Sampled (``--temperature`` > 0): the answer is the target's own sample with each prompt's seed (the
+bench's ``row_seed``), and under coupled sampling a lookup's token is accepted exactly when it equals
+that answer's token there, so the lookups' rounds replay exactly too; a model drafter's are judged
+by rejection sampling, which no replay reproduces, so only the lookups are collected (their
+configurations, the oracles over them, and the rules with ``max_lm`` 0).
+
 Costs come from runs on the same prompts in the same process: a round verifying k tokens costs the
 median measured round of ``fixed`` suffix@8 by k (verification, lookups, bookkeeping); an LM round
 of k tokens that plus the median surcharge and k × the median drafting time per token of LM rounds
@@ -52,6 +58,7 @@ import torch
 from common import answerable, cost_of, dev_prompts, dev_set_parser, zoo_target  # benchmarks/common.py
 from policy_ab import register_rule_policy
 
+from draftwise.bench.runner import row_seed
 from draftwise.models.cached_lm import common_prefix_len
 from draftwise.training.evaluate import HeadReplay
 from draftwise.verify.draft import DraftContext
@@ -244,32 +251,37 @@ def collect(args: Any) -> dict[str, Any]:
     register_rule_policy()
     prompts = dev_prompts(args)
     model, tokenizer, options = zoo_target(args.target, args.numerics)
-    pool = build_drafters(["zoo:all", *LOOKUPS], model, tokenizer, options)
+    sampled = args.temperature > 0  # lookups only: a model draft's rounds are not replayable (docstring)
+    pool = build_drafters([*([] if sampled else ["zoo:all"]), *LOOKUPS], model, tokenizer, options)
     attach_banks(pool)
     lms = {d.name: d for d in pool if isinstance(d, ModelDrafter)}
     # the generalist of the target's zoo ("generalist", "smollm2-generalist")
-    args.causal_lm = args.causal_lm or next(name for name in lms if name.endswith("generalist"))
+    args.causal_lm = None if sampled else args.causal_lm or next(name for name in lms if name.endswith("generalist"))
     lookups = {d.name: d for d in pool if d.name in LOOKUPS}
     plain = Generator(model, tokenizer, [], policy="fixed")
     ids = [plain.encode(p.text) for p in prompts]
     keep = answerable(model, ids, args.max_new_tokens)
     prompts, ids = [prompts[i] for i in keep], [ids[i] for i in keep]
+    # every generation's settings: greedy, or sampled with the prompt's own seed (the bench's)
+    settings = [{"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                 **({"seed": row_seed(args.seed, p.id, 0)} if sampled else {})} for p in prompts]
 
     def fixed_run(drafters: list[str], policy: str, arms: str) -> tuple[list[Any], list[list[int]], float]:
         gen = Generator(model, tokenizer, build_drafters(drafters, model, tokenizer, options), policy=policy, arms=arms)
         gen.generate(ids[0], max_new_tokens=8)  # warm-up
         forget_stored_answers(gen.drafters)  # the suffix store starts empty after it
         start, traces, outs = time.perf_counter(), [], []
-        for prompt in ids:
-            result = gen.generate(prompt, max_new_tokens=args.max_new_tokens)
+        for prompt, setting in zip(ids, settings):
+            result = gen.generate(prompt, **setting)
             traces.append(result.trace)
             outs.append(result.token_ids)
         return traces, outs, time.perf_counter() - start
 
-    heads = {d.name: (spec, d) for spec in args.heads for d in build_drafters([spec], model, tokenizer, options)}
+    heads = {} if sampled else {d.name: (spec, d) for spec in args.heads
+                                for d in build_drafters([spec], model, tokenizer, options)}
     plain.generate(ids[0], max_new_tokens=8)
     start = time.perf_counter()
-    answers = [plain.generate(p, max_new_tokens=args.max_new_tokens).token_ids for p in ids]
+    answers = [plain.generate(p, **setting).token_ids for p, setting in zip(ids, settings)]
     timed: dict[str, Any] = {"walls": {"plain": time.perf_counter() - start}}
     if not args.costs:  # priced elsewhere: only the acceptances are collected here
         rounds = time_rounds(args, fixed_run, heads, answers)
@@ -280,7 +292,7 @@ def collect(args: Any) -> dict[str, Any]:
     for prompt, prompt_ids, answer in zip(prompts, ids, answers):
         runs = {name: lm_positions(d, prompt_ids, answer) for name, d in lms.items()}
         runs.update({name: head_positions(d, model, prompt_ids, answer) for name, (_, d) in heads.items()})
-        confidence = lm_drafts(lms[args.causal_lm], prompt_ids, answer)
+        confidence = lm_drafts(lms[args.causal_lm], prompt_ids, answer) if args.causal_lm else [[]] * len(answer)
         for d in lookups.values():
             d.begin_query(prompt_ids)
         positions = []
@@ -296,13 +308,20 @@ def collect(args: Any) -> dict[str, Any]:
         for d in lookups.values():
             d.end_query(prompt_ids + answer, len(prompt_ids))
         records.append({"id": prompt.id, "domain": prompt.domain, "positions": positions})
-    return {**timed, "causal_lm": args.causal_lm, "lms": [*lms, *heads], "prompts": records}
+    return {**timed, "causal_lm": args.causal_lm, "lms": [*lms, *heads], "prompts": records,
+            "temperature": args.temperature}
 
 
 def time_rounds(args: Any, fixed_run: Any, heads: dict[str, Any], answers: list[list[int]]) -> dict[str, Any]:
     """The rounds' costs from runs on the same prompts: suffix@8 (verification by tokens drafted),
     the reference rule (the causal LM's rounds beside the lookup) and each head on its own."""
     suffix_traces, suffix_answers, suffix_wall = fixed_run(["suffix"], "fixed", "suffix@8")
+    assert suffix_answers == answers, "outputs differ from the target's own"
+    if args.causal_lm is None:  # sampled: lookups only
+        return {"verify": round_costs(suffix_traces), "lm_round": {}, "rounds": {},
+                "measured_rounds_suffix8": sum(r.verify_s + r.policy_s + r.draft_s
+                                               for t in suffix_traces for r in t[1:]),
+                "walls": {"suffix@8": suffix_wall}}
     # LM rounds cost what they cost beside the lookup (their catch-up after its stretches included):
     # timed in the reference rule's runs (policy_ab.py: the suffix drafter's draft where it proposes,
     # else the LM's)
@@ -323,6 +342,7 @@ def time_rounds(args: Any, fixed_run: Any, heads: dict[str, Any], answers: list[
 
 
 RULES = [Rule(m, h, k) for m in (1, 2, 3, 4) for h in (0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9) for k in (1, 2, 3, 4)]
+LOOKUP_RULES = [Rule(m, 0.0, 0) for m in range(1, 9)]  # the suffix proposal from m tokens on, else none
 
 
 def evaluate(data: dict[str, Any], max_lm: int) -> dict[str, Any]:
@@ -341,16 +361,18 @@ def evaluate(data: dict[str, Any], max_lm: int) -> dict[str, Any]:
         totals["suffix@8"] += fixed_time(positions, verify, "suffix", 8)
         totals["pld@8"] += fixed_time(positions, verify, "pld", 8)
         totals["oracle: lookups"] += best_time(positions, verify, lm_round, [], 0)
-        totals[f"oracle: lookups + {lm}"] += best_time(positions, verify, lm_round, [lm], max_lm)
-        totals["oracle: lookups + the best LM per prompt"] += min(
-            best_time(positions, verify, lm_round, [name], max_lm) for name in data["lms"])
-        totals["oracle: lookups + any LM, per round"] += best_time(positions, verify, lm_round, data["lms"], max_lm)
+        if lm is not None:
+            totals[f"oracle: lookups + {lm}"] += best_time(positions, verify, lm_round, [lm], max_lm)
+            totals["oracle: lookups + the best LM per prompt"] += min(
+                best_time(positions, verify, lm_round, [name], max_lm) for name in data["lms"])
+            totals["oracle: lookups + any LM, per round"] += best_time(positions, verify, lm_round, data["lms"],
+                                                                       max_lm)
         singles_here = single_times(positions, verify, lm_round, data["lms"], max_lm)
         totals["oracle: the best single configuration per prompt"] += min(singles_here.values())
         for config, seconds in singles_here.items():
             totals[f"single {config}"] += seconds
             by_domain[record["domain"]][config] += seconds
-        for rule in RULES:
+        for rule in RULES if lm is not None else LOOKUP_RULES:
             totals[f"rule {rule.min_match}/{rule.confidence}/{rule.max_lm}"] += rule_time(
                 positions, verify, lm_round, rule, lm)
     # the per-domain oracle: each domain's best single configuration in hindsight
@@ -366,12 +388,13 @@ def evaluate(data: dict[str, Any], max_lm: int) -> dict[str, Any]:
             "x_plain": {k: totals["plain"] / v for k, v in totals.items() if k not in ("tokens", "plain")},
             "x_suffix8": {k: base / v for k, v in totals.items() if k not in ("tokens", "plain")},
             "checks": {"suffix@8 model vs measured": base / data["measured_rounds_suffix8"],
-                       "rule 1/0.0/4 model vs measured": totals["rule 1/0.0/4"] / data["measured_rounds_rule"]}
-            if "measured_rounds_rule" in data else {}}  # only where the rounds were timed on these prompts
+                       **({"rule 1/0.0/4 model vs measured": totals["rule 1/0.0/4"] / data["measured_rounds_rule"]}
+                          if "measured_rounds_rule" in data else {})}
+            if "measured_rounds_suffix8" in data else {}}  # only where the rounds were timed on these prompts
 
 
 def main() -> None:
-    parser = dev_set_parser(__doc__, PER_DOMAIN)
+    parser = dev_set_parser(__doc__, PER_DOMAIN, temperature=0.0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--max-lm", type=int, default=4,
                         help="longest LM draft the oracle may choose (LM rounds are timed at 4 tokens)")
@@ -382,6 +405,7 @@ def main() -> None:
     parser.add_argument("--replay", default=None, metavar="JSON", help="evaluate a saved collection (--out's)")
     parser.add_argument("--costs", default=None, metavar="JSON",
                         help="price the rounds with this collection's timings (e.g. a short run on a quiet CPU)")
+    parser.add_argument("--seed", type=int, default=0, help="the run seed of sampled answers (lookups only)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     collected_with = vars(args)
