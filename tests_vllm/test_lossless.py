@@ -32,9 +32,10 @@ CONFIGS = {
 # The sampled job drafts every step, so that vLLM's rejection sampler has drafts to judge: the zoo
 # target at T = 0.6 is flat enough that the default learns to stop drafting within a few requests
 # (0 accepted drafts is possible), which would leave the checks below with nothing to check.
-# No load cap either: on a slow machine the step-cost fit can say that no draft pays at 4 requests,
-# and the job would draft nothing at all.
-SAMPLER = {"policy": "fixed:arm=suffix@8", "cap_acceptance": 0}
+# No load cap, admission or gate either: on a slow machine the step-cost fit can say that no draft
+# pays at 4 requests, the admission learns that these drafts are seldom kept, and the clock can
+# measure drafting steps slower than plain ones — each would leave the job drafting next to nothing.
+SAMPLER = {"policy": "fixed:arm=suffix@8", "cap_acceptance": 0, "admit": False, "gate": False}
 
 
 @pytest.fixture(scope="module")
