@@ -104,8 +104,8 @@ def test_drafts_are_cut_where_verifying_them_costs_more_than_they_keep(home) -> 
 def test_a_loaded_batch_decodes_plainly_where_drafting_does_not_pay(home) -> None:
     """Where, at a load, the tokens a batch admits have earned less than its lanes' drafting and
     choosing took, its rounds there decode plainly — no lookup, no learner — but for every 8th,
-    which keeps measuring; where drafting has paid, they draft. Exact either way, and a lane's
-    learner hears only the rounds it chose."""
+    which keeps measuring; where drafting has paid, they draft. Exact either way, a lane's learner
+    hears only the rounds it chose, and a Generator's sessions share what the gate measured."""
     plain = Generator.from_pretrained("zoo:target", [], policy="fixed", numerics="float32")
     prompts = [REPEATING, REPEATING[::-1], REPEATING[5:]]
     reference = [r.token_ids for r in plain.generate_batch(prompts, max_new_tokens=48, batch_size=3, ignore_eos=True)]
@@ -127,3 +127,4 @@ def test_a_loaded_batch_decodes_plainly_where_drafting_does_not_pay(home) -> Non
         else:
             assert timing.gated_rounds == 0
             assert sum(r.drafted for trace in traces for r in trace) > 0
+    assert gen.batch_session(2).engine.gate is gate  # what a Generator's sessions learn of their loads, kept

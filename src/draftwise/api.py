@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from draftwise.decision import StepCostModel, build_arms, make_learner
+from draftwise.decision.pricing import DraftGate
 from draftwise.decision.setup import DEFAULT_DRAFT_LEN, DEFAULT_POLICY, Setup
 from draftwise.drafters import Drafter, build_drafters
 from draftwise.drafters.pool import attach_banks
@@ -96,6 +97,8 @@ class Generator:
         # What a batched step costs on this target and device: from the measured curve, refitted to the
         # steps every batch session times
         self.step_costs = StepCostModel(prior=self.costs.step_prior())
+        # … and at which loads its drafting pays (a batch session's gate, shared like the costs)
+        self.draft_gate = DraftGate()
         self.intake = Intake(tokenizer, chat, self.target.vocab_size, context_limit(target),
                              eos_ids_of(target, tokenizer), coupled, seed)
         # One query or session call at a time (see the class docstring); reentrant: generate_batch runs a session
@@ -222,7 +225,7 @@ class Generator:
             engine = BatchEngine(self.model, self.drafters, self.arms, self.policy, decide=decide,
                                  fast_drafters=self.fast_drafters, head_dtype=self.drafter_head_dtype,
                                  costs=self.step_costs, routes=self.engine.routes, curve=self.costs,
-                                 acceptance=self.engine.pricing)
+                                 acceptance=self.engine.pricing, gate=self.draft_gate)
         except ValueError as error:
             raise DraftwiseError(str(error)) from None
         return BatchSession(engine, self.intake, self.lock, max_batch)

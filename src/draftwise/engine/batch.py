@@ -125,7 +125,7 @@ class BatchEngine:
                  prompt_fit: PromptFit = PromptFit(), credit_plain: bool = True,
                  cap_acceptance: float = 0.9, cut_width: bool = True, costs: StepCostModel | None = None,
                  routes: RouteMemory | None = None, curve: CostCurve | None = None,
-                 acceptance: DraftAcceptance | None = None) -> None:
+                 acceptance: DraftAcceptance | None = None, gate: DraftGate | None = None) -> None:
         if decide not in DECISIONS:
             raise ValueError(f"decide must be one of {', '.join(DECISIONS)}, got {decide!r}")
         self.target = BatchedLM(model)
@@ -168,8 +168,9 @@ class BatchEngine:
         # … and where, at a load, what the admitted tokens earn does not pay for the lanes' drafting
         # and choosing, the lanes decode plainly (every lane's lookups and learner cost ≈ 0.1 ms a
         # round here: 2–3 % of a round of 8 rows, which on answers unlike their prompts earn less)
-        self.gate = DraftGate() if self.acceptance is not None and self.target.packs and self.book.none is not None \
-            and not policy.needs.full_information else None
+        gated = self.acceptance is not None and self.target.packs and self.book.none is not None \
+            and not policy.needs.full_information
+        self.gate = (gate if gate is not None else DraftGate()) if gated else None  # a Generator's sessions share it
         self.mean_model_cost = True  # off: the median of recent plays, which leaves first plays out (A/B switch)
         self.longest_draft = self.book.longest
         self.fast_drafters = fast_drafters
