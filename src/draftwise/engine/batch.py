@@ -319,12 +319,13 @@ class BatchEngine:
         if gated:
             self.timing.gated_rounds += 1
             plans = [lane.engine.plain_plan(lane.query) for lane in lanes]
-        for lane in lanes if not gated else ():
-            self.pool.refresh(lane.engine.drafters)
-            plan = lane.engine.plan(lane.query, forced, limits=limits)
-            if scout and plan.arm in models:
-                limits = replace(limits, blocked=limits.blocked | models)
-            plans.append(plan)
+        else:
+            for lane in lanes:
+                self.pool.refresh(lane.engine.drafters)
+                plan = lane.engine.plan(lane.query, forced, limits=limits)
+                if scout and plan.arm in models:
+                    limits = replace(limits, blocked=limits.blocked | models)
+                plans.append(plan)
         chains = all(plan.draft.parents is None for plan in plans)
         drafted = [len(plan.draft.tokens) for plan in plans]  # before any cut: what the drafters spent on
         admit = forced is None and chains and self.target.packs and self.prices is not None \
@@ -372,11 +373,12 @@ class BatchEngine:
             records.append(record)
         if measure or admit:
             self.survival.observe([(r.drafted, r.accepted) for r in records])
+        draft_s = sum(plan.draft_s for plan in plans)
+        choose_s = sum(r.policy_s + r.eval_s for r in records)
         prices = self.prices
         if admit and not gated and self.gate is not None and prices is not None and len(lanes) > 1:
-            spent = sum(plan.draft_s for plan in plans) + sum(r.policy_s + r.eval_s for r in records)
             self.gate.observe(len(lanes), earned_seconds(lambda n: prices.seconds(n - 1), len(lanes), sum(fed),
-                                                         sum(r.accepted for r in records)), spent)
+                                                         sum(r.accepted for r in records)), draft_s + choose_s)
         timing = self.timing
         if forced is not None:
             learned = clock()
@@ -385,8 +387,8 @@ class BatchEngine:
         timing.rounds += 1
         timing.rounds_s += clock() - start
         timing.forward_s += seconds
-        timing.draft_s += sum(plan.draft_s for plan in plans)
-        timing.policy_s += sum(r.policy_s + r.eval_s for r in records)
+        timing.draft_s += draft_s
+        timing.policy_s += choose_s
         return [lane for lane in lanes if lane.query.finished]
 
     def _admit(self, lanes: Sequence[Lane], plans: list[Planned]) -> list[Planned]:
