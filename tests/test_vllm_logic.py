@@ -116,18 +116,24 @@ def test_options_from_inline_json_and_file(tmp_path):
     assert load_options({ENV_VAR: str(path)}).policy == "banditspec-length"
 
 
-def test_the_default_drafter_is_the_native_suffix_trie_where_it_is_installed(monkeypatch):
+def test_the_default_drafters_are_the_suffix_trie_and_the_served_models_zoo_generalist(monkeypatch):
     """Unset, ``drafters`` is ``arctic-suffix`` (named ``suffix``) where arctic-inference imports,
-    else ``suffix``; a listed pool is kept as it is."""
+    else ``suffix``, then the zoo's generalist where the zoo has one for the served model's
+    vocabulary (SmolLM2's; not the toy target's); a listed pool is kept as it is."""
     import sys
     import types
 
+    from draftwise.vllm.options import drafter_specs
+
+    smollm2, toy = 49152, 8192
     monkeypatch.setitem(sys.modules, "arctic_inference.suffix_decoding", None)  # import fails
-    assert ProposerOptions().drafters == ("suffix",)
+    assert drafter_specs(ProposerOptions(), toy) == ("suffix",)
+    assert drafter_specs(ProposerOptions(), smollm2) == ("suffix", "zoo:smollm2-generalist")
     monkeypatch.setitem(sys.modules, "arctic_inference.suffix_decoding",
                         types.SimpleNamespace(SuffixDecodingCache=object))  # imports
-    assert ProposerOptions().drafters == ("arctic-suffix:name=suffix",)  # arms name it as before
-    assert load_options({ENV_VAR: '{"drafters": ["suffix"]}'}).drafters == ("suffix",)
+    assert drafter_specs(ProposerOptions(), toy) == ("arctic-suffix:name=suffix",)  # arms name it as before
+    listed = load_options({ENV_VAR: '{"drafters": ["suffix"]}'})
+    assert drafter_specs(listed, smollm2) == ("suffix",)
 
 
 @pytest.mark.parametrize("value, words", [

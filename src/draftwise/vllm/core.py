@@ -50,7 +50,7 @@ from draftwise.errors import DraftwiseError
 from draftwise.policies import parse_policy
 from draftwise.trace import RoundRecord
 from draftwise.vllm.batch_view import BatchView
-from draftwise.vllm.options import ProposerOptions
+from draftwise.vllm.options import ProposerOptions, drafter_specs
 from draftwise.vllm.pool import build_templates, default_arms, make_arms, stop_rules
 from draftwise.vllm.requests import Pending, RequestState, accepted_of, match_rows
 
@@ -82,7 +82,7 @@ class ProposerCore:
         self.draft_len = min(options.draft_len or facts.num_speculative_tokens, facts.num_speculative_tokens)
         if self.draft_len < 1:
             raise DraftwiseError("num_speculative_tokens must be ≥ 1 for the draftwise proposer")
-        self.pool = DrafterPool(build_templates(options.drafters, facts.vocab_size))
+        self.pool = DrafterPool(build_templates(drafter_specs(options, facts.vocab_size), facts.vocab_size))
         drafters = self.pool.templates
         self.ctx = DraftContext(eos_ids=facts.eos_ids)
         self.states: dict[str, RequestState] = {}

@@ -61,7 +61,7 @@ class Proposer:
         except DraftwiseError as exc:
             raise DraftwiseError(f"draftwise vLLM proposer ({ENV_VAR}): {exc}") from None
         log.info("draftwise proposer: mode=%s policy=%s drafters=%s arms=%s draft_len=%d",
-                 self.options.mode, self.options.policy, ",".join(self.options.drafters),
+                 self.options.mode, self.options.policy, ",".join(d.name for d in self.core.pool.templates),
                  ",".join(a.name for a in self.core.arms) or "lengths " + str(getattr(self.core, "lengths", "")),
                  self.core.draft_len)
 

@@ -114,6 +114,17 @@ def zoo_target_of(vocab_size: int, models: Path | None = None) -> str:
                          f"it has drafters for {known}")
 
 
+def zoo_generalist(vocab_size: int, models: Path | None = None) -> str | None:
+    """``zoo:NAME`` of the zoo's generalist drafter (every domain) distilled for a named real model whose
+    vocabulary has ``vocab_size`` tokens; None where the zoo has none (the toy zoo target's are left
+    out: a 10M-parameter target's step is too short for a model drafter to pay inside vLLM)."""
+    for entry in zoo_entries(models):
+        if entry.role == "drafter" and entry.target != TOY_TARGET and entry.target_vocab == vocab_size \
+                and "general" in entry.domains:
+            return PREFIX + entry.name
+    return None
+
+
 def zoo_head_names(models: Path | None = None, target: str | None = TOY_TARGET) -> list[str]:
     """Bare names of the zoo's white-box heads (role ``head``: EAGLE / Medusa heads) for ``target``
     (the toy zoo target by default, a named real model such as ``smollm2``, or None: every head).
