@@ -100,6 +100,25 @@ class StepCostModel:
         # each new session used to try the model arms again while every row waited (4–5 plays a run
         # on an H200, 20–50 ms each against a 4 ms step).
         self.model_token_s: deque[float] = deque(maxlen=MODEL_PLAYS_KEPT)
+        # … and how its drafts fared, (accepted, drafted) a play, where the driver verifies them
+        self.model_verdicts: deque[tuple[int, int]] = deque(maxlen=MODEL_PLAYS_KEPT)
+
+    def model_acceptance(self) -> float | None:
+        """A model draft token's acceptance given the ones before it were, from the recent plays'
+        verdicts (accepted tokens over accepted tokens and rejections); None while fewer than
+        ``MODEL_COST_KNOWN`` plays are known.
+
+        >>> costs = StepCostModel()
+        >>> for verdict in [(1, 4), (4, 4), (0, 4), (3, 4)]:
+        ...     costs.model_verdicts.append(verdict)
+        >>> costs.model_acceptance()  # 8 accepted, 3 rejections
+        0.7272727272727273
+        """
+        if len(self.model_verdicts) < MODEL_COST_KNOWN:
+            return None
+        accepted = sum(a for a, _ in self.model_verdicts)
+        rejected = sum(a < d for a, d in self.model_verdicts)
+        return accepted / (accepted + rejected) if accepted + rejected else None
 
     def cap(self, requests: int, max_len: int, acceptance: float, token_s: float = 0.0) -> int:
         """:func:`length_cap` on the fitted costs — once they rest on measured drafts. A step without

@@ -289,6 +289,8 @@ class ProposerCore:
             self.acceptance.observe(pending.priced, drafted, accepted_of(emitted, drafted))
         if pending.arm in self.book.models:  # what its drafting cost a token (a draft cut to 0 still paid)
             self.costs.model_token_s.append(pending.draft_s / max(pending.drafted, 1))
+            if drafted:
+                self.costs.model_verdicts.append((accepted_of(emitted, drafted), drafted))
         if shape is None:
             return
         times = attribute(self.costs.coef, shape, drafted, pending.draft_s, self.options.time_unit)
