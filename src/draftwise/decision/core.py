@@ -130,11 +130,13 @@ def model_cap(costs: StepCostModel, book: ArmBook, requests: int, acceptance: fl
     """The longest model draft that pays at this load, counting what a model drafter's token costs
     to draft (``summary`` of its recent plays, measured by the driver) besides its verification: a
     query's model drafting runs while every other query waits (:func:`~draftwise.decision.step_costs.
-    model_draft_cap`; the longest model arm's length while too few plays are measured). Its tokens
-    are priced at ``acceptance`` or at the acceptance its drafts have measured, if lower (where the
-    driver records it)."""
+    model_draft_cap`; the longest model arm's length while too few plays are measured). Under load
+    its tokens are priced at ``acceptance`` or at the acceptance its drafts have measured, if lower
+    (where the driver records it); a lone query's at ``acceptance``: its own learner judges them, and
+    its plays keep the measure current (priced at a low measure, a model arm once blocked would
+    never be measured again)."""
     measured = costs.model_acceptance()
-    if measured is not None and acceptance > 0:
+    if measured is not None and acceptance > 0 and requests > 1:
         acceptance = min(acceptance, measured)
     return model_draft_cap(costs.coef, requests, book.longest_model, acceptance, costs.model_token_s, summary)
 
