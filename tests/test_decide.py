@@ -127,6 +127,9 @@ def test_the_load_limits() -> None:
     assert load_limits(costs, BOOK, 3, 0.9) == Limits(5, blocked=frozenset({1}))  # none does
     assert limits_at(BOOK, 5, 0).length(1, BOOK) == 4 and limits_at(BOOK, 5, 2, trim_models=True).length(1, BOOK) == 2
     assert limits_at(BOOK, 5, 2).length(0, BOOK) == 5
+    costs.model_verdicts.extend([(0, 4), (1, 4), (0, 4), (1, 4)])  # its drafts measured: 2 of 6 kept
+    assert load_limits(costs, BOOK, 2, 0.9) == Limits(6, blocked=frozenset({1}))  # under load, priced at 1/3
+    assert load_limits(costs, BOOK, 1, 0.9) == Limits(8)  # alone, at 0.9: it keeps being played and measured
 
 
 @pytest.mark.parametrize("spec", ["ucbspec:reward=length", "exp3:reward=length"])
