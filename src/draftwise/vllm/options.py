@@ -69,7 +69,7 @@ NATIVE_DRAFTERS = ("arctic-suffix:name=suffix",)
 def default_drafters(vocab_size: int) -> tuple[str, ...]:
     """``arctic-suffix`` (named ``suffix``) where arctic-inference imports, else ``suffix``; then the
     zoo's generalist LM drafter for a served model of ``vocab_size`` tokens, where the zoo has one: on
-    SmolLM2 at one request it made the proposer 1.10× vLLM's ``suffix:8`` (BENCHMARKS.md, "vLLM")."""
+    SmolLM2 at one request it made the proposer 1.05–1.11× vLLM's ``suffix:8`` (BENCHMARKS.md, "vLLM")."""
     lookups = NATIVE_DRAFTERS if arctic_available() else DEFAULT_DRAFTERS
     generalist = zoo_generalist(vocab_size)
     return lookups if generalist is None else (*lookups, generalist)
