@@ -116,11 +116,10 @@ def zoo_target_of(vocab_size: int, models: Path | None = None) -> str:
 
 def zoo_generalist(vocab_size: int, models: Path | None = None) -> str | None:
     """``zoo:NAME`` of the zoo's generalist drafter (every domain) distilled for a named real model whose
-    vocabulary has ``vocab_size`` tokens; None where the zoo has none (the toy zoo target's drafters
-    are not among them)."""
+    vocabulary has ``vocab_size`` tokens; None where the zoo has none (only a named real model's
+    drafters record their target's vocabulary: the toy zoo target's are never among them)."""
     for entry in zoo_entries(models):
-        if entry.role == "drafter" and entry.target != TOY_TARGET and entry.target_vocab == vocab_size \
-                and "general" in entry.domains:
+        if entry.role == "drafter" and entry.target_vocab == vocab_size and "general" in entry.domains:
             return PREFIX + entry.name
     return None
 
