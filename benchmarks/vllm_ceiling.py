@@ -15,11 +15,14 @@ first, with ``none``) and bound what any choice could gain:
   ``suffix``) at the full length (``fixed`` policy, no load cap), each
   draft cut to exactly the prefix the target will accept (nothing when that is empty): the ceiling
   of every stopping or draft-length rule over these drafts.
+* ``pick`` — per step, the longer accepted prefix of two drafts: the suffix drafter's, cut as in
+  ``trim``, and the default pool's LM drafter's (the zoo's generalist for SmolLM2), drafted only as
+  far as the target accepts it: the ceiling of every choice between them, drafting time included.
 * ``perfect`` — the target's own next K tokens: the ceiling of any drafter at K.
 
 Methods: ``none``, ``suffix:K`` (vLLM's suffix decoding, needs ``arctic-inference``), ``ngram:K``,
 ``draftwise`` and ``draftwise+LABEL`` with ``--variant LABEL=JSON`` (as in ``vllm_throughput.py``),
-``trim``, ``perfect``.
+``trim``, ``pick``, ``perfect``.
 """
 
 from __future__ import annotations
@@ -38,7 +41,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vllm_throughput as vt
 
+from draftwise.drafters import ModelDrafter
+from draftwise.drafters.stopping import StopRule
 from draftwise.vllm.batch_view import caller_view
+from draftwise.vllm.options import DEFAULT_DRAFTERS, NATIVE_DRAFTERS, arctic_available
 from draftwise.vllm.proposer import Proposer
 
 ANSWERS: list[list[int]] = []  # prompt + greedy answer, per prompt: what the clairvoyant proposers read
@@ -91,6 +97,41 @@ class TrimProposer(_Clairvoyant):
                 for d, (n, answer) in zip(drafts, rows, strict=True)]
 
 
+class _Accepted(StopRule):
+    """Stops a greedy draft at its first token the target would reject (that token is never drafted)."""
+
+    def __init__(self, answer: Sequence[int], at: int) -> None:
+        self.name, self.answer, self.at = "accepted", answer, at
+
+    def should_stop(self, probs: Any, step: int) -> bool:
+        at = self.at + step
+        return at >= len(self.answer) or int(probs.argmax()) != self.answer[at]
+
+
+class PickProposer(_Clairvoyant):
+    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
+                slot_mappings: Any = None) -> list[list[int]]:
+        view = caller_view(len(sampled_token_ids))
+        drafts = self.core.step(view, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        lm = next((i for i, d in enumerate(self.core.pool.templates) if isinstance(d, ModelDrafter)), None)
+        if lm is None:
+            raise SystemExit("pick: the proposer's default pool has no LM drafter for this target")
+        out: list[list[int]] = []
+        for row, (n, answer) in enumerate(self.rows(view, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)):
+            if answer is None:
+                out.append([])
+                continue
+            best = list(drafts[row][: accepted_prefix(drafts[row], answer, n)])
+            rid = view.req_ids[row] if view is not None else None
+            state = self.core.states.get(rid) if rid is not None else None
+            if state is not None and len(best) < self.core.draft_len:
+                other = self.core._propose(state, lm, self.core.draft_len, _Accepted(answer, n)).tokens
+                other = other[: accepted_prefix(other, answer, n)]
+                best = other if len(other) > len(best) else best
+            out.append(best)
+        return out
+
+
 class PerfectProposer(_Clairvoyant):
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
                 slot_mappings: Any = None) -> list[list[int]]:
@@ -101,11 +142,16 @@ class PerfectProposer(_Clairvoyant):
 
 
 def spec_for(method: str, k: int, config: str, variants: dict[str, dict]) -> tuple[dict | None, str]:
-    oracle = {"trim": "TrimProposer", "perfect": "PerfectProposer"}.get(method)
+    oracle = {"trim": "TrimProposer", "pick": "PickProposer", "perfect": "PerfectProposer"}.get(method)
     if oracle:
-        # the proposer's default drafter, named `suffix` (arctic-suffix where installed)
-        return ({"method": "custom_class", "model": f"vllm_ceiling.{oracle}", "num_speculative_tokens": k},
-                json.dumps({**TRIM_CONFIG, "arms": f"suffix@{k}"} if method == "trim" else TRIM_CONFIG))
+        # the proposer's default lookup drafter, named `suffix` (arctic-suffix where installed)
+        options: dict[str, Any] = dict(TRIM_CONFIG)
+        if method in ("trim", "pick"):
+            options["arms"] = f"suffix@{k}"
+        if method == "trim":  # the lookup alone; `pick` keeps the default pool's LM drafter beside it
+            options["drafters"] = list(NATIVE_DRAFTERS if arctic_available() else DEFAULT_DRAFTERS)
+        spec = {"method": "custom_class", "model": f"vllm_ceiling.{oracle}", "num_speculative_tokens": k}
+        return spec, json.dumps(options)
     return vt.spec_config(method, k, config, variants)
 
 
