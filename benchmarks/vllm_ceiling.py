@@ -44,7 +44,7 @@ import vllm_throughput as vt
 from draftwise.drafters import ModelDrafter
 from draftwise.drafters.stopping import StopRule
 from draftwise.vllm.batch_view import caller_view
-from draftwise.vllm.options import DEFAULT_DRAFTERS, NATIVE_DRAFTERS, arctic_available
+from draftwise.vllm.options import default_lookups
 from draftwise.vllm.proposer import Proposer
 
 ANSWERS: list[list[int]] = []  # prompt + greedy answer, per prompt: what the clairvoyant proposers read
@@ -109,13 +109,17 @@ class _Accepted(StopRule):
 
 
 class PickProposer(_Clairvoyant):
+    def __init__(self, vllm_config: Any) -> None:
+        super().__init__(vllm_config)
+        lm = next((i for i, d in enumerate(self.core.pool.templates) if isinstance(d, ModelDrafter)), None)
+        if lm is None:
+            raise SystemExit("pick: the proposer's default pool has no LM drafter for this target")
+        self.lm = lm  # the pool index of the LM drafter whose drafts compete with the trie's
+
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
                 slot_mappings: Any = None) -> list[list[int]]:
         view = caller_view(len(sampled_token_ids))
         drafts = self.core.step(view, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
-        lm = next((i for i, d in enumerate(self.core.pool.templates) if isinstance(d, ModelDrafter)), None)
-        if lm is None:
-            raise SystemExit("pick: the proposer's default pool has no LM drafter for this target")
         out: list[list[int]] = []
         for row, (n, answer) in enumerate(self.rows(view, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)):
             if answer is None:
@@ -125,7 +129,7 @@ class PickProposer(_Clairvoyant):
             rid = view.req_ids[row] if view is not None else None
             state = self.core.states.get(rid) if rid is not None else None
             if state is not None and len(best) < self.core.draft_len:
-                other = self.core._propose(state, lm, self.core.draft_len, _Accepted(answer, n)).tokens
+                other = self.core._propose(state, self.lm, self.core.draft_len, _Accepted(answer, n)).tokens
                 other = other[: accepted_prefix(other, answer, n)]
                 best = other if len(other) > len(best) else best
             out.append(best)
@@ -149,7 +153,7 @@ def spec_for(method: str, k: int, config: str, variants: dict[str, dict]) -> tup
         if method in ("trim", "pick"):
             options["arms"] = f"suffix@{k}"
         if method == "trim":  # the lookup alone; `pick` keeps the default pool's LM drafter beside it
-            options["drafters"] = list(NATIVE_DRAFTERS if arctic_available() else DEFAULT_DRAFTERS)
+            options["drafters"] = list(default_lookups())
         spec = {"method": "custom_class", "model": f"vllm_ceiling.{oracle}", "num_speculative_tokens": k}
         return spec, json.dumps(options)
     return vt.spec_config(method, k, config, variants)

@@ -66,13 +66,19 @@ DEFAULT_DRAFTERS = ("suffix",)
 NATIVE_DRAFTERS = ("arctic-suffix:name=suffix",)
 
 
+def default_lookups() -> tuple[str, ...]:
+    """The default lookup drafter: ``arctic-suffix`` (named ``suffix``) where arctic-inference
+    imports, else ``suffix``."""
+    return NATIVE_DRAFTERS if arctic_available() else DEFAULT_DRAFTERS
+
+
 def default_drafters(vocab_size: int) -> tuple[str, ...]:
-    """``arctic-suffix`` (named ``suffix``) where arctic-inference imports, else ``suffix``; then the
-    zoo's generalist LM drafter for a served model of ``vocab_size`` tokens, where the zoo has one: on
-    SmolLM2 at one request it made the proposer 1.05–1.11× vLLM's ``suffix:8`` (BENCHMARKS.md, "vLLM").
+    """The default lookup drafter (:func:`default_lookups`); then the zoo's generalist LM drafter for a
+    served model of ``vocab_size`` tokens, where the zoo has one: on SmolLM2 at one request it made
+    the proposer 1.05–1.11× vLLM's ``suffix:8`` (BENCHMARKS.md, "vLLM").
     The toy zoo target's generalist is not one of them: its 2 ms step is too short for a model
     drafter to pay (1.83 against 1.94× no speculation at one request)."""
-    lookups = NATIVE_DRAFTERS if arctic_available() else DEFAULT_DRAFTERS
+    lookups = default_lookups()
     generalist = zoo_generalist(vocab_size)
     return lookups if generalist is None else (*lookups, generalist)
 
