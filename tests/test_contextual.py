@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from draftwise import Generator
-from draftwise.decision.arms import ArmSettings, build_arms
+from draftwise.decision.arms import GENERALIST_STOP, ArmSettings, build_arms
 from draftwise.drafters import build_drafters
 from draftwise.errors import DraftwiseError
 from draftwise.models.loading import LoadOptions, load_causal_lm
@@ -249,6 +249,22 @@ def test_cascade_layout_and_the_routed_arm_parse(pool) -> None:
         build_arms("suffix/pld@4+svip", drafters, ArmSettings())
     picked = make_policy("ctx-ucb:on=suffix+pld", ["suffix/pld@8", "auto@4", "none"], np.random.default_rng(0))
     assert picked.leader((False, True)) == 0 and picked.leader((False, False)) == 2
+
+
+def test_the_cascade_drafts_with_a_generalist_alone(pool) -> None:
+    _, _, make = pool
+    drafters = make()
+    small, twin = drafters[2], drafters[3]
+    small.domains, twin.domains = ("code",), ("code", "math")  # as the zoo's manifest says of its drafters
+    model_arm = build_arms("cascade", drafters, ArmSettings())[2]
+    # trained on every domain the other was: drafted with alone, up to the short lookup length
+    assert (model_arm.drafter, model_arm.route, model_arm.stop, model_arm.draft_len) == (3, (), GENERALIST_STOP, 3)
+    small.domains = ("code", "math", "qa")  # now the small one covers the twin's domains
+    assert build_arms("cascade", drafters, ArmSettings())[2].drafter == 2
+    small.domains = ()  # a drafter of unknown domains may fit any query: route among them
+    routed = build_arms("cascade", drafters, ArmSettings())[2]
+    assert routed.route == (2, 3) and routed.name.startswith("auto@")
+    assert build_arms("auto@4", drafters, ArmSettings())[0].route == (2, 3)  # asked for by name: routed
 
 
 def test_a_pick_arm_verifies_the_longest_of_its_lookups_drafts(pool) -> None:

@@ -50,3 +50,13 @@ def test_generate_with_the_zoo_target_uses_its_whole_pool(capsys) -> None:
     # auto@4=code → code; the pick suffix/pld@8 → suffix, pld
     drafters = {d for name in out["stats"]["pulls"] for d in name.split("=")[-1].split("@")[0].split("/")}
     assert drafters <= {*load.zoo_drafter_names(), "pld", "suffix", "none"}
+
+
+@needs_zoo
+def test_the_default_drafts_with_the_zoo_generalist_alone() -> None:
+    gen = Generator.from_pretrained("zoo:target", ["zoo:all", "pld", "suffix"])
+    domains = {d.name: getattr(d, "domains", None) for d in gen.drafters}
+    assert domains["code"] == ("code",) and domains["generalist"] == load.zoo_domain_of("zoo:generalist")
+    assert domains["pld"] is None  # a lookup has no domains
+    model_arms = [a for a in gen.arms if a.drafter is not None and gen.drafters[a.drafter].name == "generalist"]
+    assert len(model_arms) == 1 and model_arms[0].route == ()  # trained on every domain: no routing

@@ -31,6 +31,11 @@ CASCADE_LOOKUPS = ("suffix", "pld")  # the cascade layout's lookup, in order of 
 # ``gain`` rule: calibrated confidence against measured round costs): SmolLM2 in int4 on zoo:dev,
 # 1.39 vs 1.34× plain decoding at 1 thread and 1.42–1.43 vs 1.39× at 2 (docs/design.md, "Policies").
 CASCADE_MODEL_STOP = "gain"
+# Where the pool holds a generalist (:func:`generalist_of`), the model arm is that drafter alone, no
+# routing, up to the short lookup length (the int4 kernel's four rows) while its top token's
+# probability stays ≥ 0.3: SmolLM2 in int4, zoo:dev, 1.397 against 1.360× plain decoding with the
+# generalist at 4 tokens under ``gain`` and 1.361× the routed arm (docs/design.md, "Policies").
+GENERALIST_STOP = "max-confidence:h=0.3"
 AUTO = "auto"  # the routed arm's drafter name in explicit lists
 TAPOUT_RULES = ("static", "max-confidence", "svip", "adaedl", "svip-difference", "logit-margin")
 
@@ -113,6 +118,16 @@ def drafter_stop_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> lis
     return arms
 
 
+def generalist_of(drafters: Sequence[Drafter]) -> int | None:
+    """The first model drafter trained on every domain any other model drafter of the pool was (the
+    zoo's generalist beside its specialists), where every one's domains are known; else None."""
+    models = {i: set(d.domains) for i, d in enumerate(drafters) if isinstance(d, ModelDrafter)}
+    if len(models) < 2 or not all(models.values()):
+        return None  # one model drafter needs no routing; one of unknown domains may fit any query
+    every = set().union(*models.values())
+    return next((i for i, domains in models.items() if domains >= every), None)
+
+
 def routed_arm(drafters: Sequence[Drafter], length: int, stop: str | None = None) -> Arm | None:
     """One arm over all model drafters, routed per query; a plain arm when there is only one."""
     models = tuple(i for i, d in enumerate(drafters) if isinstance(d, ModelDrafter))
@@ -159,8 +174,10 @@ def cascade_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm
                             pick=True))
         elif wanted is not None:
             arms.append(Arm(f"{wanted}@{length}", lookups[names.index(wanted)], length))
-    routed = routed_arm(drafters, settings.draft_len, CASCADE_MODEL_STOP)
-    return arms + ([routed] if routed else []) + [Arm(NONE, None, 0)]
+    general = generalist_of(drafters)
+    model = (_arm(drafters, general, lookup_lengths(settings.draft_len)[-1], GENERALIST_STOP) if general is not None
+             else routed_arm(drafters, settings.draft_len, CASCADE_MODEL_STOP))
+    return arms + ([model] if model else []) + [Arm(NONE, None, 0)]
 
 
 def lookups_among(arms: Sequence[Arm], drafters: Sequence[Drafter]) -> list[str]:

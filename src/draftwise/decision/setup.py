@@ -21,13 +21,14 @@ from draftwise.errors import DraftwiseError
 from draftwise.policies import PolicySpec, parse_policy
 
 # draftwise's own learner (docs/policies.md): UCB per context — does each lookup propose this round —
-# over the lookups' long drafts, a routed model drafter and no speculation, rewarded by measured
-# tokens/s. Each arm pays where it is cheap: a lookup's match is known before the round, and a model
-# arm is kept only where the machine's measured costs say it pays. The answer's first 16 tokens are a
-# context of their own: lookups rarely match there, and under load what those rounds teach would stop a
-# query drafting for the rest of its answer. How it does against the best single drafter: docs/policies.md,
-# "How it does"; the reasons, measured: docs/design.md, "Policies".
-DEFAULT_POLICY = "ctx-ucb:opening=16,follow=1"
+# over the lookups' long drafts, a model drafter (the generalist, else routed) and no speculation,
+# rewarded by measured tokens/s. Each arm pays where it is cheap: a lookup's match is known before the
+# round, and a model arm is kept only where the machine's measured costs say it pays. The answer's first
+# 16 tokens are a context of their own: lookups rarely match there, and under load what those rounds
+# teach would stop a query drafting for the rest of its answer. A one-token match counts as no match
+# (``min_match=2``): where the model drafter pays it drafts better there. How it does against the best
+# single drafter: docs/policies.md, "How it does"; the reasons, measured: docs/design.md, "Policies".
+DEFAULT_POLICY = "ctx-ucb:opening=16,follow=1,min_match=2"
 DEFAULT_DRAFT_LEN = 4  # draft tokens per round; verifying 5 tokens costs 1.4–1.9× one on CPUs (BENCHMARKS.md)
 DEFAULT_LAYOUT = "drafters"
 

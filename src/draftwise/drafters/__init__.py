@@ -31,7 +31,7 @@ from draftwise.models.loading import LoadOptions, load_causal_lm, resolve_model_
 from draftwise.models.vocab_map import attach_vocab_map, load_vocab_map, output_size
 from draftwise.options import keyword_defaults, split_spec, typed_options
 from draftwise.zoo import zoo_drafter_names, zoo_head_names, zoo_target_of
-from draftwise.zoo.load import TOY_TARGET
+from draftwise.zoo.load import TOY_TARGET, zoo_domain_of
 
 __all__ = ["DRAFTERS", "HEAD_KINDS", "STOP_RULES", "Draft", "DraftContext", "Drafter", "LMDrafter", "ModelDrafter",
            "PromptLookupDrafter", "RetrievalDrafter", "SharedForwards", "StopRule", "SuffixDrafter", "TreeOptions",
@@ -127,8 +127,10 @@ def _load_lm_drafter(path: str, name: str, target: Any, target_tokenizer: Any, o
     model, tokenizer = load_causal_lm(path, options)
     attach_vocab_map(model, load_vocab_map(resolve_model_path(path)))
     check_same_vocabulary(path, model, tokenizer, target, target_tokenizer)
-    default_name = path.split(":", 1)[1] if path.startswith("zoo:") else os.path.basename(os.path.normpath(path))
-    return LMDrafter(model, name=name or default_name, source=path, tree=tree)
+    zoo = path.startswith("zoo:")
+    default_name = path.split(":", 1)[1] if zoo else os.path.basename(os.path.normpath(path))
+    return LMDrafter(model, name=name or default_name, source=path, tree=tree,
+                     domains=zoo_domain_of(path) if zoo else ())
 
 
 def check_same_vocabulary(path: str, model: Any, tokenizer: Any, target: Any, target_tokenizer: Any) -> None:

@@ -160,6 +160,9 @@ class ModelDrafter(Drafter):
     bank: DrafterBank | None = None  # set when it runs on a shared batched bank
     bank_slot: int = 0  # its row in the bank's batched results
     reads_prompt_tail: bool = False  # routing may score it on the prompt's tail only (its cache follows any context)
+    # the domains it was trained (distilled) on, where known (the zoo's): a drafter trained on every
+    # domain of the others in a pool needs no routing among them (draftwise.decision.arms.generalist_of)
+    domains: tuple[str, ...] = ()
 
     @abstractmethod
     def next_logits(self, context: Sequence[int], n_out: int) -> torch.Tensor:

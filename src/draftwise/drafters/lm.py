@@ -19,9 +19,11 @@ class LMDrafter(ModelDrafter):
 
     reads_prompt_tail = True
 
-    def __init__(self, model: Any, *, name: str, source: str = "", tree: TreeOptions | None = None) -> None:
+    def __init__(self, model: Any, *, name: str, source: str = "", tree: TreeOptions | None = None,
+                 domains: tuple[str, ...] = ()) -> None:
         self.name = name
         self.source = source
+        self.domains = domains
         self.model = model
         self.lm: TokenCache = CachedLM(model)  # or, on a bank, a BankLM view (draftwise.models.drafter_bank)
         self.tree = tree or TreeOptions()
@@ -30,7 +32,7 @@ class LMDrafter(ModelDrafter):
         self.lm.reset()  # the next proposal prefills afresh
 
     def fresh(self) -> LMDrafter:
-        return LMDrafter(self.model, name=self.name, source=self.source, tree=self.tree)
+        return LMDrafter(self.model, name=self.name, source=self.source, tree=self.tree, domains=self.domains)
 
     def hf_model(self) -> Any | None:
         return self.model

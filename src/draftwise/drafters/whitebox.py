@@ -230,6 +230,7 @@ class WhiteBoxDrafter(ModelDrafter):
         self.name = name
         self.source = source
         self.config = config
+        self.domains = config.domains
         self.feature_layers = config.feature_layers
         self.tree = tree or TreeOptions()
         self.embed = target.get_input_embeddings()  # shared with the target, never trained here
