@@ -34,6 +34,8 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 MODEL = "zoo:target"
 PROMPT = "Write a Python function that returns the square of a number."
+# the default's arms on the toy zoo's pool: the lookups' pick at two lengths, the zoo's generalist, none
+DEFAULT_ARMS = ["suffix/pld@8", "suffix/pld@3", "generalist@3+max-confidence:h=0.3", "none"]
 STARTUP_S = 180
 
 
@@ -301,7 +303,7 @@ def test_metrics_count_what_the_responses_reported(server):
     assert delta("draftwise:prompt_tokens_total") == sum(r.usage.prompt_tokens for r in replies)
     assert delta("draftwise:request_success_total") == 2
     values = {dict(labels)["arm"] for (name, labels) in after if name == "draftwise:arm_value"}
-    assert values == {"suffix/pld@8", "suffix/pld@3", "auto@4+gain", "none"}
+    assert values == set(DEFAULT_ARMS)
     assert _total(after, "draftwise:evaluation_seconds_total") >= 0
 
 
@@ -309,10 +311,10 @@ def test_live_page_and_the_json_it_polls(server, tmp_path):
     status, page = server.get("/")
     assert status == 200 and b"/v1/learner" in page
     learner = json.loads(server.get("/v1/learner")[1])
-    assert [a["name"] for a in learner["arms"]] == ["suffix/pld@8", "suffix/pld@3", "auto@4+gain", "none"]
+    assert [a["name"] for a in learner["arms"]] == DEFAULT_ARMS
     assert sum(a["pulls"] for a in learner["arms"]) == learner["rounds"] == _total(server.metrics(),
                                                                                     "draftwise:rounds_total")
-    assert learner["state"]["arms"] == ["suffix/pld@8", "suffix/pld@3", "auto@4+gain", "none"]
+    assert learner["state"]["arms"] == DEFAULT_ARMS
     browser = shutil.which("chromium-headless-shell") or shutil.which("chromium")
     if browser is None:
         pytest.skip("no headless Chromium here: the page was fetched, not rendered")
@@ -530,7 +532,7 @@ def test_sigterm_finishes_the_request_in_flight_then_the_state_survives_a_restar
     assert server.proc.wait(30) == 0, server.output()
     saved = json.loads(server.state.read_text())
     assert saved["format"] == "draftwise-learner-state"
-    assert saved["arms"] == ["suffix/pld@8", "suffix/pld@3", "auto@4+gain", "none"]
+    assert saved["arms"] == DEFAULT_ARMS
 
     again = ServerProcess(server.state.parent)  # the same --state file
     try:

@@ -174,9 +174,9 @@ def cascade_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm
                             pick=True))
         elif wanted is not None:
             arms.append(Arm(f"{wanted}@{length}", lookups[names.index(wanted)], length))
-    general = generalist_of(drafters)
-    model = (_arm(drafters, general, lookup_lengths(settings.draft_len)[-1], GENERALIST_STOP) if general is not None
-             else routed_arm(drafters, settings.draft_len, CASCADE_MODEL_STOP))
+    general, short = generalist_of(drafters), lookup_lengths(settings.draft_len)[-1]
+    model = (Arm(f"{drafters[general].name}@{short}+{GENERALIST_STOP}", general, short, GENERALIST_STOP)
+             if general is not None else routed_arm(drafters, settings.draft_len, CASCADE_MODEL_STOP))
     return arms + ([model] if model else []) + [Arm(NONE, None, 0)]
 
 
