@@ -47,8 +47,10 @@ def test_generate_with_the_zoo_target_uses_its_whole_pool(capsys) -> None:
     code = main(["generate", "--target", "zoo:target", "--max-new-tokens", "24", "--json", PROMPTS[0]])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["stats"]["new_tokens"] > 0
-    # auto@4=code → code; the pick suffix/pld@8 → suffix, pld
-    drafters = {d for name in out["stats"]["pulls"] for d in name.split("=")[-1].split("@")[0].split("/")}
+    # auto@4+gain=code → code (a routed arm names its pick); the pick suffix/pld@8 → suffix, pld;
+    # generalist@3+max-confidence:h=0.3 → generalist
+    drafters = {d for name in out["stats"]["pulls"]
+                for d in ([name.rsplit("=", 1)[-1]] if name.startswith("auto@") else name.split("@")[0].split("/"))}
     assert drafters <= {*load.zoo_drafter_names(), "pld", "suffix", "none"}
 
 
