@@ -167,14 +167,15 @@ def cascade_arms(drafters: Sequence[Drafter], settings: ArmSettings) -> list[Arm
         raise DraftwiseError(
             f"no lookup drafter {wanted!r} for the cascade layout; lookups: {', '.join(names) or 'none'}")
     arms = []
-    for length in lookup_lengths(settings.draft_len):
+    lengths = lookup_lengths(settings.draft_len)
+    for length in lengths:
         if settings.drafter is None and len(preferred) == len(CASCADE_LOOKUPS):
             picked = [lookups[names.index(n)] for n in preferred]
             arms.append(Arm(f"{'/'.join(preferred)}@{length}", picked[0], length, also=tuple(picked[1:]),
                             pick=True))
         elif wanted is not None:
             arms.append(Arm(f"{wanted}@{length}", lookups[names.index(wanted)], length))
-    general, short = generalist_of(drafters), lookup_lengths(settings.draft_len)[-1]
+    general, short = generalist_of(drafters), lengths[-1]
     model = (Arm(f"{drafters[general].name}@{short}+{GENERALIST_STOP}", general, short, GENERALIST_STOP)
              if general is not None else routed_arm(drafters, settings.draft_len, CASCADE_MODEL_STOP))
     return arms + ([model] if model else []) + [Arm(NONE, None, 0)]
