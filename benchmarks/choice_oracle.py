@@ -23,7 +23,11 @@ Greedy rounds follow the answer whatever they draft, so any policy's rounds can 
   lookup at any length up to its proposal, or an LM drafter at any length up to ``--max-lm``. It
   knows every acceptance in advance and picks per prompt the LM that serves it best;
 - causal rules (:class:`Rule`): the suffix drafter's proposal when it has at least m tokens, else the
-  causal LM while its confidence stays ≥ h, up to L tokens; every (m, h, L) of a grid.
+  causal LM while its confidence stays ≥ h, up to L tokens; every (m, h, L) of a grid;
+- priced rules (:class:`PricedRule`, with ``--fit``): each round the choice with the most expected
+  tokens per second, its acceptances predicted by a :class:`Calibration` fitted on another
+  collection (the dev split's), the causal LM drafted token by token and its drafting paid whether
+  or not its draft is verified.
 
 Sampled (``--temperature`` > 0): the answer is the target's own sample with each prompt's seed (the
 bench's ``row_seed``), and under coupled sampling a lookup's token is accepted exactly when it equals
@@ -106,6 +110,102 @@ class Rule:
         k = next((j for j, c in enumerate(here.confidence[: self.max_lm]) if c < self.confidence),
                  min(self.max_lm, len(here.confidence)))
         return ("lm", k) if k else ("none", 0)
+
+
+def confidence_bin(confidence: float) -> int:
+    """A drafted token's confidence in tenths (0–9), what its acceptance is predicted by."""
+    return min(int(confidence * 10), 9)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """P(a draft's j-th token is accepted | the ones before it were), counted along one collection's
+    answers (add-one smoothed): a lookup's by its proposal's length and j, the causal LM's by its
+    token's confidence (:func:`confidence_bin`) and j (0, 1, 2 or later)."""
+
+    accepted: dict[tuple[str, int, int], float]
+
+    @classmethod
+    def fit(cls, prompts: Sequence[dict[str, Any]], lm: str) -> Calibration:
+        tried: dict[tuple[str, int, int], int] = defaultdict(int)
+        kept: dict[tuple[str, int, int], int] = defaultdict(int)
+        for record in prompts:
+            for here in record["positions"]:
+                for name in LOOKUPS:
+                    proposed, ok = here["proposed"][name], here["lookup_ok"][name]
+                    for j in range(min(proposed, ok + 1)):
+                        tried[name, proposed, j] += 1
+                        kept[name, proposed, j] += j < ok
+                confidence, ok = here["confidence"], here["lm_ok"][lm]
+                for j in range(min(len(confidence), ok + 1)):
+                    key = ("lm", confidence_bin(confidence[j]), min(j, 2))
+                    tried[key] += 1
+                    kept[key] += j < ok
+        return cls({key: (kept[key] + 1) / (n + 2) for key, n in tried.items()})
+
+    def lookup(self, name: str, proposed: int, j: int) -> float:
+        return self.accepted.get((name, proposed, j), 0.5)
+
+    def lm(self, confidence: float, j: int) -> float:
+        return self.accepted.get(("lm", confidence_bin(confidence), min(j, 2)), 0.5)
+
+
+@dataclass(frozen=True)
+class PricedRule:
+    """Each round, the lookup (suffix or PLD) at the length, up to its proposal, with the most
+    expected tokens per second; where that promises less than ``consult`` × a plain round's rate, the
+    causal LM drafts token by token while its last token's predicted acceptance stays ≥
+    ``confidence`` (up to ``max_lm``), and its best length is verified if it promises more than the
+    lookup's choice (its drafting is paid either way: it ran before the choice)."""
+
+    consult: float
+    confidence: float
+    max_lm: int = 4
+
+
+def expected_rate(accepts: Sequence[float], seconds: float) -> float:
+    """Expected tokens per second of a round verifying a draft whose tokens are accepted (each given
+    the ones before) with these probabilities."""
+    total, alive = 1.0, 1.0
+    for p in accepts:
+        alive *= p
+        total += alive
+    return total / seconds
+
+
+def priced_rule_time(positions: Sequence[Position], verify: dict[int, float], lm_round: dict[int, float],
+                     rule: PricedRule, calibration: Calibration, lm: str) -> float:
+    """The priced rule's rounds along the answer (exact, as :func:`rule_time`'s)."""
+    plain = cost_of(verify, 0)
+    drafting = lambda j: cost_of(lm_round, j) - cost_of(verify, j) if j else 0.0  # the LM's j tokens
+    t, total, n = 0, 0.0, len(positions)
+    while t < n:
+        here, room = positions[t], n - t - 1
+        best, arm, k = 1 / plain, "none", 0
+        for name in LOOKUPS:
+            proposed = here.proposed[name]
+            accepts = [calibration.lookup(name, proposed, j) for j in range(min(proposed, room))]
+            for length in range(1, len(accepts) + 1):
+                rate = expected_rate(accepts[:length], cost_of(verify, length))
+                if rate > best:
+                    best, arm, k = rate, name, length
+        drafted = 0
+        if best < rule.consult / plain and room:
+            accepts, lm_best, lm_k = [], 0.0, 0
+            while drafted < min(rule.max_lm, room):
+                drafted += 1
+                accepts.append(calibration.lm(here.confidence[drafted - 1], drafted - 1))
+                rate = expected_rate(accepts, cost_of(verify, drafted))
+                if rate > lm_best:
+                    lm_best, lm_k = rate, drafted
+                if accepts[-1] < rule.confidence:
+                    break
+            if lm_best > best:
+                arm, k = "lm", lm_k
+        total += cost_of(verify, k) + drafting(drafted)
+        ok = here.lm_ok[lm] if arm == "lm" else here.lookup_ok[arm] if arm != "none" else 0
+        t += min(k, ok) + 1
+    return total
 
 
 def rule_time(positions: Sequence[Position], verify: dict[int, float], rounds: Rounds, rule: Rule,
@@ -342,11 +442,13 @@ def time_rounds(args: Any, fixed_run: Any, heads: dict[str, Any], answers: list[
 
 
 RULES = [Rule(m, h, k) for m in (1, 2, 3, 4) for h in (0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9) for k in (1, 2, 3, 4)]
+PRICED_RULES = [PricedRule(c, h) for c in (1.0, 1.05, 1.1, 1.2, 1.5) for h in (0.0, 0.3, 0.5, 0.7)]
 LOOKUP_RULES = [Rule(m, 0.0, 0) for m in range(1, 9)]  # the suffix proposal from m tokens on, else none
 
 
-def evaluate(data: dict[str, Any], max_lm: int) -> dict[str, Any]:
-    """The bounds, the causal rules and the single drafters on one collection, in the same costs."""
+def evaluate(data: dict[str, Any], max_lm: int, calibration: Calibration | None = None) -> dict[str, Any]:
+    """The bounds, the causal rules and the single drafters on one collection, in the same costs
+    (the priced rules too, given a calibration)."""
     verify = {int(k): v for k, v in data["verify"].items()}
     lm = data["causal_lm"]
     lm_round = {int(k): v for k, v in data["lm_round"].items()}
@@ -375,6 +477,10 @@ def evaluate(data: dict[str, Any], max_lm: int) -> dict[str, Any]:
         for rule in RULES if lm is not None else LOOKUP_RULES:
             totals[f"rule {rule.min_match}/{rule.confidence}/{rule.max_lm}"] += rule_time(
                 positions, verify, lm_round, rule, lm)
+        if calibration is not None and lm is not None:
+            for priced in PRICED_RULES:
+                totals[f"priced rule {priced.consult}/{priced.confidence}"] += priced_rule_time(
+                    positions, verify, lm_round[lm], priced, calibration, lm)
     # the per-domain oracle: each domain's best single configuration in hindsight
     totals["oracle: the best single configuration per domain"] = sum(min(t.values()) for t in by_domain.values())
     singles = {k: v for k, v in totals.items() if k.startswith("single ")}
@@ -405,6 +511,8 @@ def main() -> None:
     parser.add_argument("--replay", default=None, metavar="JSON", help="evaluate a saved collection (--out's)")
     parser.add_argument("--costs", default=None, metavar="JSON",
                         help="price the rounds with this collection's timings (e.g. a short run on a quiet CPU)")
+    parser.add_argument("--fit", default=None, metavar="JSON",
+                        help="calibrate the priced rules on this collection's answers (e.g. the dev split's --out)")
     parser.add_argument("--seed", type=int, default=0, help="the run seed of sampled answers (lookups only)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -421,10 +529,17 @@ def main() -> None:
         data.update({key: priced[key] for key in ("verify", "lm_round", "rounds") if key in priced})
         for key in ("measured_rounds_suffix8", "measured_rounds_rule"):
             data.pop(key, None)
-    result = evaluate(data, args.max_lm)
+    calibration = None
+    if args.fit and data["causal_lm"] is not None:
+        with open(args.fit) as handle:
+            calibration = Calibration.fit(json.load(handle)["data"]["prompts"], data["causal_lm"])
+    result = evaluate(data, args.max_lm, calibration)
     best = max((k for k in result["x_plain"] if k.startswith("rule")), key=result["x_plain"].get)
     print(json.dumps({k: round(v, 3) for k, v in result["x_plain"].items()
-                      if not k.startswith(("rule", "single"))}, indent=1))
+                      if not k.startswith(("rule", "single", "priced rule"))}, indent=1))
+    priced = {k: round(v, 3) for k, v in result["x_plain"].items() if k.startswith("priced rule")}
+    if priced:
+        print("priced rules (consult below × a plain round's rate / the LM's stop):", json.dumps(priced))
     per_drafter: dict[str, tuple[str, float]] = {}
     for key, value in result["x_plain"].items():
         if key.startswith("single "):
@@ -437,7 +552,7 @@ def main() -> None:
     print("best rule", best, round(result["x_plain"][best], 3), "checks (model ÷ measured):",
           {k: round(v, 3) for k, v in result["checks"].items()})
     with open(args.out, "w") as handle:
-        json.dump({"result": result, "data": data, "args": collected_with,
+        json.dump({"result": result, "data": data, "args": {**collected_with, "fit": args.fit},
                    **({"priced_with": args.costs} if args.costs else {})}, handle)
 
 
