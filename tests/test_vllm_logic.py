@@ -172,6 +172,22 @@ def test_default_policy_watches_every_lookup():
     assert contextual_spec("ctx-ucb", []) == "ctx-ucb"
 
 
+def test_the_default_plays_a_trie_proposal_of_two_tokens_and_learns_elsewhere():
+    """A proposal of two tokens or more is played without exploring; a one-token proposal counts as
+    none, where the learner chooses between the generalist and no draft."""
+    core, _ = make(ProposerOptions(drafters=("suffix", "zoo:generalist"), log_requests=False))
+    learner = core.learner
+    assert [a.name for a in core.arms] == ["suffix@8", "generalist@4", "none"]
+    assert learner.context_key((1,), 40) == (False,) and learner.context_key((2,), 40) == (True,)
+    learner.set_context((True,))
+    assert {learner.select() for _ in range(20)} == {0}
+    learner.set_context((False,))
+    for _ in range(20):  # the generalist's rounds pay here: the learner moves to it
+        learner.observe(1, 2.0)
+        learner.observe(2, 1.0)
+    assert learner.select() == 1
+
+
 # -- costs ----------------------------------------------------------------------------------------------
 def test_cost_model_recovers_a_linear_step_cost():
     model = StepCostModel()
@@ -430,9 +446,11 @@ def test_admission_can_be_turned_off():
 def test_under_load_drafting_stops_where_drafting_steps_emit_less_than_plain_ones():
     """At 16 requests a draft token here costs 2.5 rows' plain step and a lookup's tokens are kept
     60 % of the time: drafting steps, measured against plain ones at the same load, emit less for
-    their time, and the loaded steps then mostly stay plain. At 2 requests drafting pays, and goes on."""
+    their time, and the loaded steps then mostly stay plain. At 2 requests drafting pays, and goes on.
+    (Every proposal is played, one-token ones too: the default's learner skips those, and drafts cost
+    less here.)"""
     def run(gate: bool, batch: int) -> tuple[float, ProposerCore]:
-        core, clock = make(ProposerOptions(gate=gate, log_requests=False))
+        core, clock = make(ProposerOptions(policy="ctx-ucb", gate=gate, log_requests=False))
         return serve(core, clock, batch=batch, n_req=48, new=96)[0], core
 
     plain = plain_rate(16, n_req=48, new=96)

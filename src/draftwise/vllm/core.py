@@ -123,7 +123,9 @@ class ProposerCore:
         if max(lengths) > self.draft_len:
             raise DraftwiseError(f"batch_lengths {list(lengths)} exceed num_speculative_tokens={self.draft_len}")
         self.lengths = tuple(sorted(set(lengths)))
-        policy = self.options.policy if self.options.policy != "ctx-ucb" else "banditspec-length"
+        # the request mode's learner has no batch form: the batch mode's default is UCBSpec's lengths
+        named = self.options.policy
+        policy = named if parse_policy(named).name != "ctx-ucb" else "banditspec-length"
         self.batch_learner = length_learner(policy, self.lengths, np.random.default_rng(self.options.seed))
         self.load_learners = LoadLearners(self.batch_learner)  # one learner per load bucket
         self.batch_pending: Pending | None = None

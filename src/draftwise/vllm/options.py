@@ -7,7 +7,7 @@ its worker processes inherit:
 * ``DRAFTWISE_VLLM_CONFIG`` — a path to a JSON or TOML file, or an inline JSON object
   (``'{"policy": "metasd-ucb", "drafters": ["pld", "suffix"]}'``).
 
-Keys (all optional): ``policy`` (a draftwise policy or preset spec, default ``ctx-ucb``),
+Keys (all optional): ``policy`` (a draftwise policy or preset spec, default ``ctx-ucb:follow=1,min_match=2``),
 ``drafters`` (drafter specs, default ``["arctic-suffix:name=suffix"]`` where arctic-inference is
 installed, else ``["suffix"]``: the same method either way, plus the zoo's generalist LM drafter where
 the zoo has one distilled for the served model's vocabulary; see ``default_drafters``), ``arms`` (an
@@ -53,7 +53,13 @@ from draftwise.zoo.load import zoo_generalist
 ENV_VAR = "DRAFTWISE_VLLM_CONFIG"
 MODES = ("request", "batch")
 TIME_UNITS = ("plain-step", "seconds")
-DEFAULT_POLICY = "ctx-ucb"
+# The engine's default learner without its `opening=16` (which did not pay under vLLM): a trie
+# proposal of two tokens or more is played, its tokens admitted by predicted acceptance, and the
+# learner chooses between the generalist and no draft elsewhere (a one-token proposal is accepted
+# about a fifth of the time). On SmolLM2 at one request: 1.03× plain `ctx-ucb` on zoo:test (48
+# prompts, 2 repeats; `min_match=2` alone 1.05× and 1.03× in two runs), 1.02× on self_instruct; the
+# same at 8 and 32 requests (BENCHMARKS.md, "vLLM").
+DEFAULT_POLICY = "ctx-ucb:follow=1,min_match=2"
 # The suffix method alone: its trie holds the prompt (what PLD looks up) and earlier responses. With
 # PLD beside it the default learner ran 0.87–0.94× its speed at c = 1–32 in vLLM on a 2-core CPU
 # (interleaved, `benchmarks/vllm_throughput.py --interleaved`, 2026-11-26; docs/design.md, "vLLM
