@@ -55,8 +55,8 @@ MODES = ("request", "batch")
 TIME_UNITS = ("plain-step", "seconds")
 # The engine's default learner without its `opening=16` (which did not pay under vLLM): a trie
 # proposal of two tokens or more is played, its tokens admitted by predicted acceptance, and the
-# learner chooses between the generalist and no draft elsewhere (a one-token proposal is accepted
-# about a fifth of the time). On SmolLM2 at one request: 1.03× plain `ctx-ucb` on zoo:test (48
+# learner chooses between the generalist and no draft elsewhere (in the engine a one-token suffix
+# match was accepted 22 % of the time). On SmolLM2 at one request: 1.03× plain `ctx-ucb` on zoo:test (48
 # prompts, 2 repeats; `min_match=2` alone 1.05× and 1.03× in two runs), 1.02× on self_instruct; the
 # same at 8 and 32 requests (BENCHMARKS.md, "vLLM").
 DEFAULT_POLICY = "ctx-ucb:follow=1,min_match=2"
