@@ -128,18 +128,18 @@ def test_the_batched_engine_plays_the_reference_arms(tiny_models, policy, decide
 # -- the vLLM proposer -------------------------------------------------------------------------------------
 PROPOSER = {  # options; the digest of every step's draft lengths and every request's pulls; pulls in all
     "default": (ProposerOptions(admit=False, log_requests=False),
-                ["a45040d4a4f36894", [("suffix@8", 475)]]),
+                ["0e2a494f4c25f2af", [("none", 25), ("suffix@8", 106)]]),
     "lookups": (ProposerOptions(drafters=("pld", "suffix"), admit=False, log_requests=False, seed=2),
-                ["864fa2843c0b5c67", [("pld@8", 437), ("suffix@8", 53)]]),
+                ["8f1db88e38106d24", [("none", 2), ("pld@8", 434), ("suffix@8", 67)]]),
     "model": (ProposerOptions(drafters=("suffix", "zoo:generalist"), admit=False, log_requests=False),
-              ["6df89d0860bc967f", [("generalist@4", 6), ("none", 34), ("suffix@8", 532)]]),
+              ["e6e71cf00563f036", [("generalist@4", 11), ("none", 260), ("suffix@8", 276)]]),
     "load-context": (ProposerOptions(drafters=("pld", "suffix"), load_context=True, admit=False,
                                     log_requests=False),
-                     ["55ac5e91b882fdb0", [("none", 1), ("pld@8", 366), ("suffix@8", 125)]]),
+                     ["21fc798c2f679108", [("none", 127), ("pld@8", 334), ("suffix@8", 43)]]),
     "ucb": (ProposerOptions(policy="ucb:reward=throughput,keep=true", drafters=("pld", "suffix"), admit=False,
                            log_requests=False),
             ["017a1cdc3c430c26", [("none", 1), ("pld@8", 594), ("suffix@8", 3)]]),
-    "admitted": (ProposerOptions(log_requests=False), ["1b437a94d79ed12b", [("suffix@8", 280)]]),
+    "admitted": (ProposerOptions(log_requests=False), ["635bd564b1d50d4e", [("none", 20), ("suffix@8", 121)]]),
     "batch": (ProposerOptions(mode="batch", batch_lengths=(0, 2, 4, 8), log_requests=False),
               ["e229027d66c894cc", [("len@0", 71), ("len@2", 38), ("len@4", 38), ("len@8", 421)]]),
 }
