@@ -63,6 +63,7 @@ from common import answerable, cost_of, dev_prompts, dev_set_parser, zoo_target 
 from policy_ab import register_rule_policy
 
 from draftwise.bench.runner import row_seed
+from draftwise.decision.pricing import expected_tokens
 from draftwise.models.cached_lm import common_prefix_len
 from draftwise.training.evaluate import HeadReplay
 from draftwise.verify.draft import DraftContext
@@ -165,12 +166,8 @@ class PricedRule:
 
 def expected_rate(accepts: Sequence[float], seconds: float) -> float:
     """Expected tokens per second of a round verifying a draft whose tokens are accepted (each given
-    the ones before) with these probabilities."""
-    total, alive = 1.0, 1.0
-    for p in accepts:
-        alive *= p
-        total += alive
-    return total / seconds
+    the ones before) with these probabilities (the engine's own count of them: ``expected_tokens``)."""
+    return expected_tokens(accepts, len(accepts)) / seconds
 
 
 def priced_rule_time(positions: Sequence[Position], verify: dict[int, float], lm_round: dict[int, float],
