@@ -438,6 +438,7 @@ def test_model_drafter_arms_are_blocked_where_their_tokens_cannot_pay(tiny_model
     # every new lane pays it again while the rows wait; the median of the plays left it out
     spiky = _generator(tiny_models, "llama-target", [drafter, "pld"], "ucb:keep=true,reward=throughput",
                        arms="llama-twin@4,pld@4,none").batch_session(1).engine
+    spiky.costs.coef = (0.010, 0.001, 0.001, 0.0)  # a draft token a tenth of a step, not the machine's price
     spiky.model_token_s.extend([0.5, 1e-6, 1e-6, 1e-6])
     assert _unaffordable(spiky, 1, cap=8) == frozenset({0})
     spiky.mean_model_cost = False

@@ -110,8 +110,10 @@ def test_a_loaded_batch_decodes_plainly_where_drafting_does_not_pay(home) -> Non
     prompts = [REPEATING, REPEATING[::-1], REPEATING[5:]]
     reference = [r.token_ids for r in plain.generate_batch(prompts, max_new_tokens=48, batch_size=3, ignore_eos=True)]
     gen = Generator.from_pretrained("zoo:target", ["pld", "suffix"], numerics="float32")
-    for earned, gated in ((0.0, True), (1.0, False)):
+    # the test's prices, not this machine's: a token as dear as a plain row (no draft can pay), or a tenth of one
+    for earned, gated, token_s in ((0.0, True, 0.010), (1.0, False, 0.001)):
         session = gen.batch_session(3)
+        session.engine.prices = FixedPrices(lambda n, token_s=token_s: 0.010 + token_s * (n - 1))
         gate = session.engine.gate
         assert gate is not None  # an exact target that packs its rows, a priced learner with a `none` arm
         for _ in range(gate.need):
