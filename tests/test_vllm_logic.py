@@ -412,6 +412,20 @@ def test_module_imports_without_vllm():
     assert done.returncode == 0 and done.stdout.strip() == "Proposer", done.stderr
 
 
+def admit_step(core: ProposerCore, keys: list, length: int = 8) -> list[int]:
+    """One step's drafts of ``length`` tokens, one per request, keyed as their acceptance is
+    predicted (None: not priced here), through the proposer's admission: the tokens each keeps."""
+    decode, drafts = [], []
+    for row, key in enumerate(keys):
+        state = RequestState(f"r{row}", 4, [1, 2, 3, 4])
+        state.pending = Pending(0, f"suffix@{length}", length, length, 0.0, priced=key)
+        decode.append((row, state))
+        drafts.append(list(range(length)))
+    core._admit(decode, drafts)
+    assert all(len(d) == state.pending.drafted for d, (_, state) in zip(drafts, decode))
+    return [len(d) for d in drafts]
+
+
 def test_a_loaded_step_admits_only_the_draft_tokens_likely_kept():
     core, _ = make(ProposerOptions(drafters=("suffix",), log_requests=False))
     core.costs.coef, core.costs.draft_cost_known = (2e-3, 4e-3, 4e-3, 0.0), True  # a CPU: a token costs a row
@@ -421,20 +435,28 @@ def test_a_loaded_step_admits_only_the_draft_tokens_likely_kept():
         core.acceptance.observe(guess, 8, 0)
 
     def step(keys):
-        decode, drafts = [], []
-        for row, key in enumerate(keys):
-            state = RequestState(f"r{row}", 4, [1, 2, 3, 4])
-            state.pending = Pending(0, "suffix@8", 8, 8, 0.0, priced=key)
-            decode.append((row, state))
-            drafts.append(list(range(8)))
-        core._admit(decode, drafts)
-        assert all(len(d) == state.pending.drafted for d, (_, state) in zip(drafts, decode))
-        return [len(d) for d in drafts]
+        return admit_step(core, keys)
 
     assert step([sure]) == [8]  # alone, every token that may pay goes in
     assert step([guess]) == [0]  # … but not a draft that is never accepted
     assert step([sure] + [guess] * 7) == [8] + [0] * 7  # under load: the sure draft, not the guesses
     assert step([None] * 8) == [8] * 8  # a draft not priced here (a model's) is admitted whole
+
+
+def test_under_load_a_draft_token_is_priced_at_least_as_a_request():
+    """The step's fit prices a draft token at a quarter of a request here (vLLM's draft tokens come
+    with the rows that drafted them: the fit cannot tell the two apart). Under load a token with even
+    odds of being kept is priced as a request's own, and is not worth one; a lone request's goes in
+    (it drafts as it would alone)."""
+    core, _ = make(ProposerOptions(drafters=("suffix",), log_requests=False))
+    core.costs.coef, core.costs.draft_cost_known = (2e-3, 4e-3, 1e-3, 0.0), True
+    even = ("even",)
+    for i in range(200):
+        core.acceptance.observe(even, 1, i % 2)
+    assert admit_step(core, [even], length=1) == [1]
+    assert admit_step(core, [even] * 8, length=1) == [0] * 8
+    core.costs.coef = (2e-3, 4e-3, 4e-3, 0.0)  # a fit that prices a token as a request: the same
+    assert admit_step(core, [even] * 8, length=1) == [0] * 8
 
 
 def test_admission_can_be_turned_off():
