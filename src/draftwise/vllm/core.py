@@ -388,8 +388,9 @@ class ProposerCore:
             # Under load a draft token is priced at least as a request: each is one more token
             # through the forward, and the fit, whose draft tokens always come with the rows that
             # drafted them, priced one at about half a request (0.5–0.8 against 1.1 ms at 32
-            # requests on SmolLM2). So priced: 0.93 → 0.97× no speculation at 32 requests on
-            # zoo:test, 0.87 → 0.90× on self_instruct, 4–16 requests unchanged or better (2026-11-30)
+            # requests on SmolLM2). So priced, at 32 requests: 0.93 → 0.97× and 0.97 → 0.96× no
+            # speculation on zoo:test, 0.87 → 0.90× and 0.90 → 0.90× on self_instruct (two runs
+            # each); 4 / 8 / 16 requests 1.28 / 1.15 / 1.09 → 1.34 / 1.16 / 1.08× (2026-11-30)
             c = max(c, b)
         keep = admitted(survivals, lambda tokens: a + b * rows + c * (tokens - rows + fixed))
         for (row, state), k, survival in zip(decode, keep, survivals):
