@@ -63,7 +63,7 @@ from common import answerable, cost_of, dev_prompts, dev_set_parser, zoo_target 
 from policy_ab import register_rule_policy
 
 from draftwise.bench.runner import row_seed
-from draftwise.decision.pricing import expected_tokens
+from draftwise.decision.pricing import expected_tokens, priced_length
 from draftwise.models.cached_lm import common_prefix_len
 from draftwise.training.evaluate import HeadReplay
 from draftwise.verify.draft import DraftContext
@@ -179,13 +179,13 @@ def priced_rule_time(positions: Sequence[Position], verify: dict[int, float], lm
     while t < n:
         here, room = positions[t], n - t - 1
         best, arm, k = 1 / plain, "none", 0
-        for name in LOOKUPS:
+        for name in LOOKUPS:  # each lookup at its best length (the engine's own argmax), the better of the two
             proposed = here.proposed[name]
             accepts = [calibration.lookup(name, proposed, j) for j in range(min(proposed, room))]
-            for length in range(1, len(accepts) + 1):
-                rate = expected_rate(accepts[:length], cost_of(verify, length))
-                if rate > best:
-                    best, arm, k = rate, name, length
+            length = priced_length(accepts, lambda tokens: cost_of(verify, tokens - 1) / plain, min_gain=1.0)
+            rate = expected_rate(accepts[:length], cost_of(verify, length))
+            if length and rate > best:
+                best, arm, k = rate, name, length
         drafted = 0
         if best < rule.consult / plain and room:
             accepts, lm_best, lm_k = [], 0.0, 0

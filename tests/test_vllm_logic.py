@@ -434,13 +434,10 @@ def test_a_loaded_step_admits_only_the_draft_tokens_likely_kept():
         core.acceptance.observe(sure, 8, 8)
         core.acceptance.observe(guess, 8, 0)
 
-    def step(keys):
-        return admit_step(core, keys)
-
-    assert step([sure]) == [8]  # alone, every token that may pay goes in
-    assert step([guess]) == [0]  # … but not a draft that is never accepted
-    assert step([sure] + [guess] * 7) == [8] + [0] * 7  # under load: the sure draft, not the guesses
-    assert step([None] * 8) == [8] * 8  # a draft not priced here (a model's) is admitted whole
+    assert admit_step(core, [sure]) == [8]  # alone, every token that may pay goes in
+    assert admit_step(core, [guess]) == [0]  # … but not a draft that is never accepted
+    assert admit_step(core, [sure] + [guess] * 7) == [8] + [0] * 7  # under load: the sure draft, not the guesses
+    assert admit_step(core, [None] * 8) == [8] * 8  # a draft not priced here (a model's) is admitted whole
 
 
 def test_under_load_a_draft_token_is_priced_at_least_as_a_request():
